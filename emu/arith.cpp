@@ -1,0 +1,227 @@
+#include "arith.hpp"
+
+// GCC 12 reports false -Warray-bounds positives inside Boost.Multiprecision.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Warray-bounds"
+#include <boost/multiprecision/cpp_bin_float.hpp>
+#pragma GCC diagnostic pop
+#include <cmath>
+#include <limits>
+
+namespace emu {
+
+namespace {
+
+namespace mp = boost::multiprecision;
+// Wide enough to hold a*b + c exactly for any doubles (exponents span 2^1024 .. 2^-2148).
+using Wide = mp::number<mp::cpp_bin_float<3400, mp::digit_base_2, void, std::int32_t, -20000, 20000>,
+                        mp::et_off>;
+// For quotients and roots, computed to 200 bits plus the sign of what was left over.
+using Narrow = mp::number<mp::cpp_bin_float<200, mp::digit_base_2, void, std::int32_t, -20000, 20000>,
+                          mp::et_off>;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+// Below this magnitude products and remainders of doubles may lose bits to underflow.
+constexpr double kSafeLow = 0x1p-969;
+
+// The nearest double to v + sticky*tiny, with the residual (sticky = sign of what v
+// leaves out: -1, 0 or +1).
+Exact to_exact(const Wide& v, int sticky) {
+  if (v == 0) return {0.0};  // an exact zero (quotients and roots are never zero here)
+  double hi = v.convert_to<double>();
+  if (std::isinf(hi)) return {hi, 0.0, true};
+  // Make hi the nearest double (convert_to's rounding is not relied on).
+  for (int i = 0; i < 3; ++i) {
+    const Wide r = v - Wide(hi);
+    const double toward = r > 0 ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity();
+    const double next = std::nextafter(hi, toward);
+    const Wide gap = abs(Wide(next) - Wide(hi));
+    const Wide twice = abs(r) * 2;
+    if (twice > gap || (twice == gap && sticky != 0 && (r > 0) == (sticky > 0))) {
+      hi = next;
+      continue;
+    }
+    break;
+  }
+  const Wide r = v - Wide(hi);
+  double lo = r.convert_to<double>();
+  // A residual below double's range keeps its sign (round() needs it, not its size).
+  if (lo == 0 && r != 0) lo = r < 0 ? -std::numeric_limits<double>::denorm_min() : std::numeric_limits<double>::denorm_min();
+  if (lo == 0 && sticky != 0) lo = sticky * std::numeric_limits<double>::denorm_min();
+  return {hi, lo};
+}
+
+int sign_of(const Wide& w) { return w > 0 ? 1 : (w < 0 ? -1 : 0); }
+
+}  // namespace
+
+Exact exact_add(double a, double b) {
+  // Knuth's TwoSum: s + e == a + b exactly whenever s is finite.
+  const double s = a + b;
+  if (std::isinf(s)) return {s, 0.0, true};
+  const double bb = s - a;
+  const double e = (a - (s - bb)) + (b - bb);
+  return {s, e};
+}
+
+Exact exact_mul(double a, double b) {
+  const double p = a * b;
+  if (std::isinf(p)) return {p, 0.0, true};
+  if (a == 0 || b == 0) return {p};
+  if (std::fabs(p) >= kSafeLow) return {p, std::fma(a, b, -p)};  // TwoProduct, exact
+  return to_exact(Wide(a) * Wide(b), 0);
+}
+
+Exact exact_fma(double a, double b, double c) {
+  if (a == 0 || b == 0) return exact_add(std::copysign(0.0, a) * std::copysign(1.0, b), c);
+  const double p = a * b;
+  if (std::isfinite(p) && std::fabs(p) >= kSafeLow && std::fma(a, b, -p) == 0) {
+    if (c == 0) return {p};
+    return exact_add(p, c);  // a*b is a double: one TwoSum is exact
+  }
+  const Wide w = Wide(a) * Wide(b) + Wide(c);
+  if (w == 0) return {0.0};  // exact cancellation: +0 (the caller fixes the sign for rd)
+  return to_exact(w, 0);
+}
+
+Exact exact_div(double a, double b) {
+  const double q = a / b;
+  if (std::isinf(q)) return {q, 0.0, true};
+  if (a == 0) return {q};
+  if (std::fabs(q) >= kSafeLow && std::fabs(a) >= kSafeLow) {
+    const double r = std::fma(-q, b, a);  // exact remainder a - q*b
+    return {q, r / b};
+  }
+  const Narrow qn = Narrow(a) / Narrow(b);
+  const Wide rem = Wide(a) - Wide(qn) * Wide(b);  // exact: 200 + 53 bits
+  return to_exact(Wide(qn), sign_of(rem) * (b < 0 ? -1 : 1));
+}
+
+Exact exact_sqrt(double a) {
+  if (a == 0) return {a};
+  const double s = std::sqrt(a);
+  if (a >= kSafeLow) {
+    const double r = std::fma(-s, s, a);  // exact a - s^2
+    return {s, r / (2 * s)};
+  }
+  const Narrow sn = sqrt(Narrow(a));
+  const Wide rem = Wide(a) - Wide(sn) * Wide(sn);
+  return to_exact(Wide(sn), sign_of(rem));
+}
+
+void Context::raise(Flags raised, const char* op, std::initializer_list<double> operands) {
+  status_ |= raised;
+  const Flags trapped = raised & control.traps;
+  if (!trapped) return;
+  for (Flag f : {INV, DIV0, OFLO})  // one exception: the most severe enabled flag
+    if (trapped & f) throw FpException(f, op, std::vector<double>(operands));
+}
+
+double Context::round_with(Rounding mode, const Format& f, const Exact& x, const char* op,
+                           std::initializer_list<double> operands, Flags raised) {
+  RoundSpec s = spec();
+  s.mode = mode;
+  const double r = emu::round(f, x, s, &rng_, raised);
+  raise(raised, op, operands);
+  return r;
+}
+
+double Context::round(const Format& f, const Exact& x, const char* op,
+                      std::initializer_list<double> operands, Flags raised) {
+  return round_with(control.effective_rounding(), f, x, op, operands, raised);
+}
+
+double Context::invalid(const char* op, std::initializer_list<double> operands) {
+  raise(INV, op, operands);
+  return kNaN;
+}
+
+namespace {
+
+bool is_exact_zero(const Exact& x) { return x.hi == 0 && x.lo == 0 && !x.beyond_double; }
+
+// IEEE 754 6.3: the sign of an exact zero sum a + b. Zeros of the same sign keep it;
+// otherwise +0, except -0 when rounding toward -inf.
+double zero_sum(Rounding mode, double a, double b) {
+  if (a == 0 && b == 0 && std::signbit(a) == std::signbit(b)) return a;
+  return mode == Rounding::rd ? -0.0 : 0.0;
+}
+
+}  // namespace
+
+double Context::add(const Format& f, double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return kNaN;
+  if (std::isinf(a) && std::isinf(b) && std::signbit(a) != std::signbit(b)) return invalid("add", {a, b});
+  if (std::isinf(a) || std::isinf(b)) return round(f, Exact{std::isinf(a) ? a : b}, "add", {a, b});
+  const Exact x = exact_add(a, b);
+  if (is_exact_zero(x)) return zero_sum(control.effective_rounding(), a, b);
+  return round(f, x, "add", {a, b});
+}
+
+double Context::sub(const Format& f, double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return kNaN;
+  if (std::isinf(a) && std::isinf(b) && std::signbit(a) == std::signbit(b)) return invalid("sub", {a, b});
+  if (std::isinf(a) || std::isinf(b)) return round(f, Exact{std::isinf(a) ? a : -b}, "sub", {a, b});
+  const Exact x = exact_add(a, -b);
+  if (is_exact_zero(x)) return zero_sum(control.effective_rounding(), a, -b);
+  return round(f, x, "sub", {a, b});
+}
+
+double Context::mul(const Format& f, double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return kNaN;
+  if ((std::isinf(a) && b == 0) || (std::isinf(b) && a == 0)) return invalid("mul", {a, b});
+  if (std::isinf(a) || std::isinf(b)) return round(f, Exact{a * b}, "mul", {a, b});
+  return round(f, exact_mul(a, b), "mul", {a, b});
+}
+
+double Context::div(const Format& f, double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return kNaN;
+  if ((a == 0 && b == 0) || (std::isinf(a) && std::isinf(b))) return invalid("div", {a, b});
+  if (b == 0) {
+    raise(DIV0, "div", {a, b});
+    return round(f, Exact{a / b}, "div", {a, b});  // +-inf (NaN in formats without inf)
+  }
+  if (std::isinf(a) || std::isinf(b)) return round(f, Exact{a / b}, "div", {a, b});
+  return round(f, exact_div(a, b), "div", {a, b});
+}
+
+double Context::fma(const Format& f, double a, double b, double c) {
+  if (std::isnan(a) || std::isnan(b) || std::isnan(c)) return kNaN;
+  if ((std::isinf(a) && b == 0) || (std::isinf(b) && a == 0)) return invalid("fma", {a, b, c});
+  if (std::isinf(a) || std::isinf(b)) {
+    const double p = a * b;  // +-inf
+    if (std::isinf(c) && std::signbit(c) != std::signbit(p)) return invalid("fma", {a, b, c});
+    return round(f, Exact{p}, "fma", {a, b, c});
+  }
+  if (std::isinf(c)) return round(f, Exact{c}, "fma", {a, b, c});
+  const Exact x = exact_fma(a, b, c);
+  if (is_exact_zero(x)) {
+    const double product = (a == 0 || b == 0) ? std::copysign(0.0, a) * std::copysign(1.0, b) : 1.0;
+    return zero_sum(control.effective_rounding(), product, c);
+  }
+  return round(f, x, "fma", {a, b, c});
+}
+
+double Context::sqrt(const Format& f, double a) {
+  if (std::isnan(a)) return kNaN;
+  if (a < 0) return invalid("sqrt", {a});
+  if (std::isinf(a) || a == 0) return round(f, Exact{a}, "sqrt", {a});
+  return round(f, exact_sqrt(a), "sqrt", {a});
+}
+
+double Context::convert(const Format& f, double a) { return round(f, Exact{a}, "convert", {a}); }
+
+std::partial_ordering Context::compare(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return std::partial_ordering::unordered;
+  return a <=> b;
+}
+
+bool Context::less(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) {
+    raise(INV, "less", {a, b});
+    return false;
+  }
+  return a < b;
+}
+
+}  // namespace emu

@@ -1,0 +1,139 @@
+#include "round.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+
+namespace emu {
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+double overflow_result(const Format& f, bool negative, const RoundSpec& spec, Flags& flags) {
+  flags |= OFLO | INEXACT;
+  const double max = negative ? -f.max_finite() : f.max_finite();
+  switch (spec.overflow) {
+    case Overflow::saturate:
+      return max;
+    case Overflow::nan:
+      flags |= INV;
+      return kNaN;
+    case Overflow::inf:
+      break;
+  }
+  bool to_infinity = true;  // rne, rna, sr
+  switch (spec.mode) {
+    case Rounding::rz:
+    case Rounding::ro: to_infinity = false; break;
+    case Rounding::ru: to_infinity = !negative; break;
+    case Rounding::rd: to_infinity = negative; break;
+    default: break;
+  }
+  if (!to_infinity) return max;
+  return f.has_infinity() ? (negative ? -kInf : kInf) : kNaN;
+}
+
+// True with probability p (in [0, 1]), exactly: compares p with an infinite uniform bit
+// string 64 bits at a time; a word equal to p's leading bits defers the decision to the
+// next word (probability 2^-64 each time).
+bool bernoulli_exact(double p, Rng& rng) {
+  while (true) {
+    if (p >= 1.0) return true;
+    if (p <= 0.0) return false;
+    const double t = std::ldexp(p, 64);  // exact; t < 2^64
+    const double whole = std::floor(t);
+    const auto w = static_cast<std::uint64_t>(whole);
+    const std::uint64_t r = rng.next_u64();
+    if (r != w) return r < w;
+    p = t - whole;
+  }
+}
+
+// Stochastic rounding decision for a discarded fraction frac (in (0, 1], with 1 meaning
+// "just below the next value") plus a residual ls below frac's last bit.
+bool stochastic_round_up(double frac, double ls, int sr_bits, Rng* rng) {
+  if (rng == nullptr) throw std::logic_error("stochastic rounding needs a random source");
+  if (sr_bits == 0) return bernoulli_exact(frac + ls, *rng);
+  // Hardware: truncate the fraction to k bits, add k random bits, round up on carry.
+  const double scaled = std::ldexp(frac, sr_bits);  // <= 2^64
+  const double whole = std::floor(scaled);
+  std::uint64_t threshold;  // floor(exact fraction * 2^k)
+  if (whole >= 0x1p64)
+    threshold = ~std::uint64_t{0};  // frac == 1 with ls < 0 and k == 64: 2^64 - 1
+  else
+    threshold = static_cast<std::uint64_t>(whole) - (scaled == whole && ls < 0 ? 1 : 0);
+  const std::uint64_t r = rng->next_u64() >> (64 - sr_bits);
+  return r < threshold;
+}
+
+}  // namespace
+
+double round(const Format& f, const Exact& x, const RoundSpec& spec, Rng* rng, Flags& flags) {
+  const double hi = x.hi;
+  if (std::isnan(hi)) return hi;
+  const bool negative = std::signbit(hi);
+  if (x.beyond_double) return overflow_result(f, negative, spec, flags);
+  if (std::isinf(hi)) {
+    if (f.has_infinity()) return hi;
+    if (spec.overflow == Overflow::saturate) {
+      flags |= OFLO;
+      return negative ? -f.max_finite() : f.max_finite();
+    }
+    flags |= INV;
+    return kNaN;
+  }
+  if (hi == 0.0) return hi;
+
+  const double ax = std::fabs(hi);
+  const double lo = negative ? -x.lo : x.lo;  // residual, positive = away from zero
+  const bool tiny = ax < f.min_normal() || (ax == f.min_normal() && lo < 0);
+  if (tiny && !f.subnormals()) {
+    flags |= UFLO | INEXACT;
+    return negative ? -0.0 : 0.0;
+  }
+
+  const int p = f.fraction_bits();
+  const int e = std::ilogb(ax);
+  int q = std::max(e, f.emin()) - p;  // weight of the last kept bit
+  double n = std::floor(std::ldexp(ax, -q));
+  double frac = std::ldexp(ax, -q) - n;  // exact
+  double ls = lo == 0 ? 0.0 : std::ldexp(lo, -q);
+  if (frac == 0 && ls < 0) {
+    // x lies just below the grid point hi. Below a power of two the grid is twice as
+    // fine, so step down a binade first (not at emin: subnormal spacing equals emin's).
+    if (n == std::ldexp(1.0, p) && e > f.emin()) {
+      --q;
+      n *= 2;
+      ls *= 2;
+    }
+    n -= 1;
+    frac = 1.0;  // "just below n + 1"; ls < 0 says by how little
+  }
+  const bool inexact = frac != 0 || ls != 0;
+  // Sign of (frac + ls - 1/2), exactly: frac - 1/2 is exact and a rounded sum of two
+  // doubles has the sign of the exact sum (zero only when it is exactly zero).
+  const double from_half = (frac - 0.5) + ls;
+  const bool above_half = from_half > 0;
+  const bool exact_half = from_half == 0;
+  const bool n_odd = std::fmod(n, 2.0) != 0;
+
+  bool up = false;
+  switch (spec.mode) {
+    case Rounding::rne: up = above_half || (exact_half && n_odd); break;
+    case Rounding::rna: up = above_half || exact_half; break;
+    case Rounding::rz: up = false; break;
+    case Rounding::ru: up = inexact && !negative; break;
+    case Rounding::rd: up = inexact && negative; break;
+    case Rounding::ro: up = inexact && !n_odd; break;
+    case Rounding::sr: up = inexact && stochastic_round_up(frac, ls, spec.sr_bits, rng); break;
+  }
+  const double magnitude = std::ldexp(n + (up ? 1.0 : 0.0), q);
+  if (magnitude > f.max_finite()) return overflow_result(f, negative, spec, flags);
+  if (inexact) flags |= tiny ? (INEXACT | UFLO) : INEXACT;
+  return negative ? -magnitude : magnitude;
+}
+
+}  // namespace emu

@@ -1,0 +1,62 @@
+// Rounding of an exact real number into a Format, once, under one rounding mode and
+// overflow policy. Every arithmetic result in emu goes through round().
+#pragma once
+
+#include "format.hpp"
+#include "rng.hpp"
+#include "status.hpp"
+
+namespace emu {
+
+// An exact real number x = hi + lo: hi is x rounded to the nearest double, and lo is
+// the residual x - hi, exact where it is a double (TwoSum, TwoProduct) and otherwise
+// (division, square root) correct in sign and accurate to double precision. Rounding
+// into a format with at most 52 fraction bits looks at lo only for its sign, except for
+// the probability of stochastic rounding.
+// `beyond_double` marks a finite x whose magnitude exceeds the largest double (the sum
+// or product of two large fp64 values); hi then holds +-inf for its sign.
+struct Exact {
+  double hi = 0.0;
+  double lo = 0.0;
+  bool beyond_double = false;
+};
+
+struct RoundSpec {
+  Rounding mode = Rounding::rne;
+  Overflow overflow = Overflow::inf;
+  int sr_bits = 0;  // see below
+};
+
+// Rounds x into f; ORs the raised flags (OFLO, INV, UFLO, INEXACT) into `flags` and
+// returns the result as a double (exactly a value of f). `rng` is read only when
+// spec.mode == Rounding::sr, and must then be non-null.
+//
+// Steps, for finite non-zero x:
+//  1. q = max(exponent(x), emin) - fraction_bits: the weight of the last kept bit.
+//  2. m = |x| * 2^-q (exact); n = floor(m), the truncated significand; the discarded
+//     fraction is f = m - n (in [0, 1)), with lo deciding exact halves and zeros.
+//  3. Whether n becomes n + 1:
+//       rne  f > 1/2, or f == 1/2 and n odd      rna  f >= 1/2
+//       rz   never                                ru/rd  f > 0 and the direction is up
+//       ro   f > 0 and n even (the result is odd, so a later rounding cannot double-round)
+//       sr   with probability f: exact (sr_bits 0; the comparison with random bits
+//            extends until it is decided) or, with k = sr_bits in 1..64, as hardware with
+//            k random bits does: the discarded fraction is truncated to k bits, a k-bit
+//            random number is added, and a carry rounds up. P(up) = floor(f 2^k) / 2^k,
+//            so the expected result is below |x| by (f - floor(f 2^k) / 2^k) ulp,
+//            between 0 and 2^-k ulp (a bias toward zero).
+//  4. Overflow when the rounded magnitude exceeds max_finite (rounding with unbounded
+//     exponent, so rz of a value just above max is not an overflow): the Overflow policy.
+//  5. Tininess is decided on the exact value (|x| < min_normal, before rounding). With
+//     subnormals, UFLO is raised when x is tiny and inexact; without, a tiny x flushes
+//     to signed zero and raises UFLO and INEXACT.
+// NaN gives NaN with no flag; +-inf gives +-inf, or in formats without inf NaN with INV
+// (or +-max under Overflow::saturate, with OFLO).
+double round(const Format& f, const Exact& x, const RoundSpec& spec, Rng* rng, Flags& flags);
+
+// Convenience for exact doubles.
+inline double round(const Format& f, double x, const RoundSpec& spec, Rng* rng, Flags& flags) {
+  return round(f, Exact{x}, spec, rng, flags);
+}
+
+}  // namespace emu
