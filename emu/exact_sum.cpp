@@ -1,0 +1,135 @@
+#include "exact_sum.hpp"
+
+#include <bit>
+#include <cmath>
+#include <limits>
+
+namespace emu {
+
+namespace {
+
+using u128 = unsigned __int128;
+
+struct Decomposed {
+  std::uint64_t mantissa;  // < 2^53
+  int exponent;            // value = mantissa * 2^exponent
+};
+
+Decomposed decompose(double x) {
+  const auto bits = std::bit_cast<std::uint64_t>(x);
+  const int field = static_cast<int>((bits >> 52) & 0x7FF);
+  const std::uint64_t fraction = bits & ((std::uint64_t{1} << 52) - 1);
+  if (field == 0) return {fraction, -1074};
+  return {fraction | (std::uint64_t{1} << 52), field - 1075};
+}
+
+}  // namespace
+
+void ExactSum::add_scaled(std::uint64_t mantissa, int exponent, bool negative) {
+  const int offset = exponent - kLow;
+  const int i = offset >> 5;
+  const u128 v = static_cast<u128>(mantissa) << (offset & 31);
+  const auto d0 = static_cast<std::int64_t>(v & 0xFFFFFFFFu);
+  const auto d1 = static_cast<std::int64_t>((v >> 32) & 0xFFFFFFFFu);
+  const auto d2 = static_cast<std::int64_t>(v >> 64);
+  if (negative) {
+    digits_[i] -= d0, digits_[i + 1] -= d1, digits_[i + 2] -= d2;
+  } else {
+    digits_[i] += d0, digits_[i + 1] += d1, digits_[i + 2] += d2;
+  }
+  if (++pending_ >= (1u << 30)) normalise();  // digits stay far from int64 overflow
+}
+
+void ExactSum::normalise() {
+  for (int i = 0; i + 1 < kDigits; ++i) {
+    const std::int64_t carry = digits_[i] >> 32;  // floor division by 2^32
+    digits_[i] -= carry * (std::int64_t{1} << 32);
+    digits_[i + 1] += carry;
+  }
+  pending_ = 0;
+}
+
+void ExactSum::add(double x) {
+  if (!std::isfinite(x)) {
+    special_ += x;
+    return;
+  }
+  if (x == 0) return;
+  const Decomposed d = decompose(x);
+  add_scaled(d.mantissa, d.exponent, std::signbit(x));
+}
+
+void ExactSum::add_product(double a, double b) {
+  if (!std::isfinite(a) || !std::isfinite(b)) {
+    special_ += a * b;
+    return;
+  }
+  if (a == 0 || b == 0) return;
+  const Decomposed da = decompose(a), db = decompose(b);
+  const u128 p = static_cast<u128>(da.mantissa) * db.mantissa;  // < 2^106, exact
+  const int e = da.exponent + db.exponent;
+  const bool negative = std::signbit(a) != std::signbit(b);
+  constexpr std::uint64_t kLow53 = (std::uint64_t{1} << 53) - 1;
+  add_scaled(static_cast<std::uint64_t>(p) & kLow53, e, negative);
+  add_scaled(static_cast<std::uint64_t>(p >> 53), e + 53, negative);
+}
+
+bool ExactSum::is_zero() const {
+  ExactSum c = *this;
+  c.normalise();
+  for (std::int64_t d : c.digits_)
+    if (d != 0) return false;
+  return true;
+}
+
+// The double nearest to the sum (ties to even); +-inf beyond double's range.
+double nearest_double(ExactSum s) {
+  s.normalise();
+  auto& d = s.digits_;
+  const bool negative = d[ExactSum::kDigits - 1] < 0;
+  if (negative) {
+    for (auto& x : d) x = -x;
+    s.normalise();
+  }
+  int top = ExactSum::kDigits - 1;
+  while (top >= 0 && d[top] == 0) --top;
+  if (top < 0) return 0.0;
+  // The leading 96 bits, and whether anything below them is non-zero.
+  const int base = std::max(top - 2, 0);
+  u128 v = 0;
+  for (int i = top; i >= base; --i) v = (v << 32) | static_cast<std::uint64_t>(d[i]);
+  bool sticky = false;
+  for (int i = 0; i < base; ++i) sticky |= d[i] != 0;
+  const int length = 128 - (static_cast<std::uint64_t>(v >> 64) ? std::countl_zero(static_cast<std::uint64_t>(v >> 64))
+                                                                 : 64 + std::countl_zero(static_cast<std::uint64_t>(v)));
+  int exponent = 32 * base + ExactSum::kLow;
+  // Keep 53 bits, or fewer where the result is a double subnormal (lsb 2^-1074), so that
+  // this is the only rounding.
+  const int lsb = std::max(exponent + length - 53, -1074);
+  const int shift = lsb - exponent;
+  if (shift > 128) {
+    v = 0;  // below half of 2^-1074
+    exponent = lsb;
+  } else if (shift > 0) {
+    const u128 kept = shift == 128 ? 0 : v >> shift;
+    const u128 rest = shift == 128 ? v : v & ((u128{1} << shift) - 1);
+    const u128 half = u128{1} << (shift - 1);
+    const bool up = rest > half || (rest == half && (sticky || (kept & 1)));
+    v = kept + (up ? 1 : 0);
+    exponent = lsb;
+  }
+  // v <= 2^53: ldexp is exact (or overflows to inf beyond double's range).
+  const double magnitude = std::ldexp(static_cast<double>(static_cast<std::uint64_t>(v)), exponent);
+  return negative ? -magnitude : magnitude;
+}
+
+Exact ExactSum::value() const {
+  if (special_ != 0 || std::isnan(special_)) return {special_};
+  const double hi = nearest_double(*this);
+  if (std::isinf(hi)) return {hi, 0.0, true};
+  ExactSum rest = *this;
+  rest.add(-hi);
+  return {hi, nearest_double(rest)};
+}
+
+}  // namespace emu

@@ -1,0 +1,80 @@
+#include "unit.hpp"
+
+#include <stdexcept>
+#include <string>
+
+#include "amp.hpp"
+#include "exact_sum.hpp"
+#include "mma.hpp"
+
+namespace emu {
+
+namespace {
+
+// Indexed by UnitKind.
+const char* const kUnitNames[] = {"v100", "t4", "a100", "ada", "l40s", "h100", "h200", "b200",
+                                  "ipu-amp", "ipu-amp-half", "exact", "fp32-seq", "fp16-seq", nullptr};
+
+// The reference units: exact (one rounding of the exact dot product) and sequential
+// fused accumulation (one rounding per product-add, in index order).
+class ReferenceUnit final : public MatrixUnit {
+ public:
+  ReferenceUnit(UnitKind kind, Format in, Format out) : kind_(kind), in_(std::move(in)), out_(std::move(out)) {}
+  UnitKind kind() const override { return kind_; }
+  const Format& input_format() const override { return in_; }
+  const Format& output_format() const override { return out_; }
+
+  double dot(Context& ctx, std::size_t k, const double* a, std::size_t sa, const double* b, std::size_t sb,
+             double c) const override {
+    if (kind_ == UnitKind::exact) {
+      ExactSum sum;
+      sum.add(c);
+      for (std::size_t i = 0; i < k; ++i) sum.add_product(a[i * sa], b[i * sb]);
+      const Exact x = sum.value();
+      if (x.hi == 0 && x.lo == 0 && !x.beyond_double) return c;  // exact zero: keep c's zero
+      return ctx.round(out_, x, "dot", {static_cast<double>(k)});
+    }
+    for (std::size_t i = 0; i < k; ++i) c = ctx.fma(out_, a[i * sa], b[i * sb], c);
+    return c;
+  }
+
+ private:
+  UnitKind kind_;
+  Format in_, out_;
+};
+
+}  // namespace
+
+const char* unit_kind_name(UnitKind k) { return kUnitNames[static_cast<int>(k)]; }
+const char* const* unit_names() { return kUnitNames; }
+
+UnitKind unit_kind_by_name(std::string_view name) {
+  for (int i = 0; kUnitNames[i]; ++i)
+    if (name == kUnitNames[i]) return static_cast<UnitKind>(i);
+  std::string known;
+  for (int i = 0; kUnitNames[i]; ++i) known += std::string(i ? " " : "") + kUnitNames[i];
+  throw std::invalid_argument("unknown unit '" + std::string(name) + "' (known: " + known + ")");
+}
+
+void MatrixUnit::gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
+                      const double* B, std::size_t ldb, double* C, std::size_t ldc) const {
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < n; ++j) C[i * ldc + j] = dot(ctx, k, A + i * lda, 1, B + j, ldb, C[i * ldc + j]);
+}
+
+std::unique_ptr<MatrixUnit> make_unit(UnitKind kind, std::optional<Format> in, std::optional<Format> out) {
+  switch (kind) {
+    case UnitKind::exact:
+    case UnitKind::fp32_seq:
+      return std::make_unique<ReferenceUnit>(kind, in.value_or(fp16()), out.value_or(fp32()));
+    case UnitKind::fp16_seq:
+      return std::make_unique<ReferenceUnit>(kind, in.value_or(fp16()), out.value_or(fp16()));
+    case UnitKind::ipu_amp:
+    case UnitKind::ipu_amp_half:
+      return make_ipu_amp_unit(kind == UnitKind::ipu_amp_half, in, out);
+    default:
+      return make_tensor_core_unit(kind, in, out);
+  }
+}
+
+}  // namespace emu

@@ -1,0 +1,54 @@
+// Matrix units behind one interface: tensor-core presets (emu/mma), the IPU's AMP
+// (emu/amp), and reference accumulations. Experiments pick one by name.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string_view>
+
+#include "arith.hpp"
+#include "format.hpp"
+
+namespace emu {
+
+enum class UnitKind {
+  v100, t4, a100, ada, l40s, h100, h200, b200,  // NVIDIA tensor cores (emu/mma.hpp)
+  ipu_amp,       // IPU AMP, fp16 inputs, fp32 partials (f16v4sisoamp)
+  ipu_amp_half,  // IPU AMP, fp16 inputs, fp16 partials (f16v4hihoamp)
+  exact,         // c + sum a_i b_i computed exactly, rounded once into the output format
+  fp32_seq,      // c <- fma(a_i, b_i, c) in fp32, one rounding per step, i = 0, 1, ...
+  fp16_seq,      // the same with an fp16 accumulator
+};
+const char* unit_kind_name(UnitKind k);  // "v100" ... "ipu-amp-half", "exact", "fp32-seq"
+UnitKind unit_kind_by_name(std::string_view name);  // throws std::invalid_argument
+const char* const* unit_names();                    // nullptr-terminated
+
+class MatrixUnit {
+ public:
+  virtual ~MatrixUnit() = default;
+  virtual UnitKind kind() const = 0;
+  virtual const Format& input_format() const = 0;
+  virtual const Format& output_format() const = 0;
+
+  // c + sum_{i<k} a[i*sa] * b[i*sb] as the unit computes it. a and b hold values of
+  // input_format() (round them first), c a value of output_format(). Rounding, overflow
+  // policy, esr and traps come from ctx, which also collects the status flags.
+  virtual double dot(Context& ctx, std::size_t k, const double* a, std::size_t sa, const double* b,
+                     std::size_t sb, double c) const = 0;
+
+  // C = A * B + C with A m x k (row stride lda), B k x n (row stride ldb), C m x n
+  // (row stride ldc), row-major, as the unit computes it (default: one dot per element;
+  // units whose tiling changes the result override it).
+  virtual void gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
+                    std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) const;
+};
+
+// in/out default to the unit's natural formats (tensor cores: fp16 in, fp32 out;
+// ipu-amp: fp16 in, fp32 out; ipu-amp-half: fp16 in and out; exact and fp32-seq: fp16
+// in, fp32 out; fp16-seq: fp16 in and out). Throws std::invalid_argument for a format
+// the unit does not accept.
+std::unique_ptr<MatrixUnit> make_unit(UnitKind kind, std::optional<Format> in = std::nullopt,
+                                      std::optional<Format> out = std::nullopt);
+
+}  // namespace emu

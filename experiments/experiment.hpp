@@ -1,0 +1,116 @@
+// The experiment interface: an experiment is a pure function of typed parameters and a
+// random stream, returning metrics, traces and the final FP status. It knows nothing of
+// YAML, HDF5 or threads; the sweep runner and the registry connect it to those.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "emu/rng.hpp"
+#include "emu/status.hpp"
+
+namespace roundoff {
+
+enum class ParamType { integer, real, string, boolean };
+const char* param_type_name(ParamType t);
+
+using ParamValue = std::variant<std::int64_t, double, std::string, bool>;
+std::string to_string(const ParamValue& v);
+
+struct ParamSpec {
+  std::string name;
+  ParamType type;
+  ParamValue default_value;
+  std::string meaning;
+  // For strings: the allowed spellings (empty = checked by `check` only, e.g. any
+  // format name eXmY). For numbers: inclusive bounds.
+  std::vector<std::string> allowed;
+  std::optional<double> min, max;
+  // Extra validation: returns an error message, or "" when the value is fine.
+  std::function<std::string(const ParamValue&)> check;
+};
+
+// Validated parameter values of one grid point, by name. Lookups of unknown names or of
+// the wrong type are programming errors (std::logic_error): validation happened before.
+class Params {
+ public:
+  Params() = default;
+  explicit Params(std::map<std::string, ParamValue> values) : values_(std::move(values)) {}
+  std::int64_t integer(const std::string& name) const;
+  double real(const std::string& name) const;  // integers are accepted too
+  const std::string& string(const std::string& name) const;
+  bool boolean(const std::string& name) const;
+  const ParamValue& at(const std::string& name) const;
+  const std::map<std::string, ParamValue>& values() const { return values_; }
+
+ private:
+  std::map<std::string, ParamValue> values_;
+};
+
+struct MetricSpec {
+  std::string name;  // lower_snake_case, stable once shipped
+  std::string meaning;
+};
+
+struct TraceSpec {
+  std::string name;
+  std::string meaning;
+  std::string x_name = "step";  // what the x axis counts
+};
+
+struct Trace {
+  std::vector<double> x;  // e.g. step indices; the same for every replica of a point
+  std::vector<double> y;
+};
+
+struct RunResult {
+  std::map<std::string, double> metrics;  // every MetricSpec name, NaN where undefined
+  std::map<std::string, Trace> traces;    // the TraceSpecs this run recorded (may be none)
+  emu::Flags flags = 0;                   // sticky FP status at the end of the run
+};
+
+// Thrown by an experiment that saw `cancel` set: the run is abandoned, not recorded.
+struct Cancelled : std::runtime_error {
+  Cancelled() : std::runtime_error("cancelled") {}
+};
+
+struct RunEnv {
+  emu::StreamId stream;  // (seed, point, replica, lane 0); use other lanes for sub-streams
+  const std::atomic<bool>* cancel = nullptr;  // long experiments poll it between steps
+  bool cancelled() const { return cancel && cancel->load(std::memory_order_relaxed); }
+};
+
+struct Experiment {
+  std::string name;
+  std::string description;  // one line, for `sweep --list`
+  std::vector<ParamSpec> params;
+  std::vector<MetricSpec> metrics;
+  std::string headline_metric;  // summarised in sweep's table
+  std::vector<TraceSpec> traces;
+  std::function<RunResult(const Params&, const RunEnv&)> run;
+  // Checks across parameters of one point (e.g. trace_every <= steps); "" when fine.
+  std::function<std::string(const Params&)> check_point;
+};
+
+// All registered experiments, in registration order.
+const std::vector<Experiment>& experiments();
+const Experiment* find_experiment(const std::string& name);
+
+// Registration from each experiment's own file: a static Registration object.
+struct Registration {
+  explicit Registration(Experiment e);
+};
+
+// Common validators for parameters that name emu things.
+std::string check_format_name(const ParamValue& v);    // any format emu knows
+std::string check_rounding_name(const ParamValue& v);  // rne rna rz ru rd ro sr
+std::string check_unit_name(const ParamValue& v);      // a matrix unit emu knows
+
+}  // namespace roundoff

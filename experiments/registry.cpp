@@ -1,0 +1,102 @@
+#include <cstdio>
+
+#include "emu/format.hpp"
+#include "emu/unit.hpp"
+#include "experiment.hpp"
+
+namespace roundoff {
+
+const char* param_type_name(ParamType t) {
+  switch (t) {
+    case ParamType::integer: return "int";
+    case ParamType::real: return "float";
+    case ParamType::string: return "string";
+    case ParamType::boolean: return "bool";
+  }
+  return "?";
+}
+
+std::string to_string(const ParamValue& v) {
+  struct Visitor {
+    std::string operator()(std::int64_t i) const { return std::to_string(i); }
+    std::string operator()(double d) const {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.17g", d);
+      // shortest form that reads back to the same double
+      for (int prec = 1; prec <= 17; ++prec) {
+        char trial[32];
+        std::snprintf(trial, sizeof trial, "%.*g", prec, d);
+        if (std::strtod(trial, nullptr) == d) return trial;
+      }
+      return buf;
+    }
+    std::string operator()(const std::string& s) const { return s; }
+    std::string operator()(bool b) const { return b ? "true" : "false"; }
+  };
+  return std::visit(Visitor{}, v);
+}
+
+namespace {
+
+template <typename T>
+const T& get_as(const std::map<std::string, ParamValue>& values, const std::string& name) {
+  const auto it = values.find(name);
+  if (it == values.end()) throw std::logic_error("no parameter '" + name + "'");
+  const T* p = std::get_if<T>(&it->second);
+  if (!p) throw std::logic_error("parameter '" + name + "' has another type");
+  return *p;
+}
+
+std::vector<Experiment>& mutable_registry() {
+  static std::vector<Experiment> registry;
+  return registry;
+}
+
+std::string check_with(const ParamValue& v, void (*parse)(const std::string&)) {
+  const std::string* s = std::get_if<std::string>(&v);
+  if (!s) return "expected a string";
+  try {
+    parse(*s);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+std::int64_t Params::integer(const std::string& name) const { return get_as<std::int64_t>(values_, name); }
+const std::string& Params::string(const std::string& name) const { return get_as<std::string>(values_, name); }
+bool Params::boolean(const std::string& name) const { return get_as<bool>(values_, name); }
+double Params::real(const std::string& name) const {
+  const ParamValue& v = at(name);
+  if (const auto* i = std::get_if<std::int64_t>(&v)) return static_cast<double>(*i);
+  return get_as<double>(values_, name);
+}
+const ParamValue& Params::at(const std::string& name) const {
+  const auto it = values_.find(name);
+  if (it == values_.end()) throw std::logic_error("no parameter '" + name + "'");
+  return it->second;
+}
+
+const std::vector<Experiment>& experiments() { return mutable_registry(); }
+
+const Experiment* find_experiment(const std::string& name) {
+  for (const Experiment& e : mutable_registry())
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+Registration::Registration(Experiment e) { mutable_registry().push_back(std::move(e)); }
+
+std::string check_format_name(const ParamValue& v) {
+  return check_with(v, [](const std::string& s) { (void)emu::format_by_name(s); });
+}
+std::string check_rounding_name(const ParamValue& v) {
+  return check_with(v, [](const std::string& s) { (void)emu::rounding_by_name(s); });
+}
+std::string check_unit_name(const ParamValue& v) {
+  return check_with(v, [](const std::string& s) { (void)emu::unit_kind_by_name(s); });
+}
+
+}  // namespace roundoff

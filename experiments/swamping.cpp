@@ -1,0 +1,1 @@
+// swamping: being written
