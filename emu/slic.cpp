@@ -1,0 +1,1 @@
+// slic: being written

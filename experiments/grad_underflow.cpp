@@ -1,0 +1,1 @@
+// grad_underflow: being written

@@ -1,0 +1,1 @@
+// matmul_accum: being written

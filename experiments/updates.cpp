@@ -1,0 +1,1 @@
+// updates: being written
