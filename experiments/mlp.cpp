@@ -1,0 +1,1 @@
+// mlp: being written
