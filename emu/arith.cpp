@@ -23,32 +23,57 @@ using Narrow = mp::number<mp::cpp_bin_float<200, mp::digit_base_2, void, std::in
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // Below this magnitude products and remainders of doubles may lose bits to underflow.
 constexpr double kSafeLow = 0x1p-969;
+// Residuals of tiny results are held as lo * 2^-kResidualScale (they reach 2^-2148 - 200).
+constexpr int kResidualScale = 1300;
+// A residual known only by its sign: lo = +-1 * 2^-kTinyScale, below every format's bits.
+constexpr int kTinyScale = 2400;
 
 // The nearest double to v + sticky*tiny, with the residual (sticky = sign of what v
-// leaves out: -1, 0 or +1).
+// leaves out: -1, 0 or +1). Beyond double's range: +-DBL_MAX with the residual while
+// |v| < 2^1024 (directed rounding must not overflow there), else beyond_double.
 Exact to_exact(const Wide& v, int sticky) {
   if (v == 0) return {0.0};  // an exact zero (quotients and roots are never zero here)
+  constexpr double kMax = std::numeric_limits<double>::max();
+  constexpr double kLeast = std::numeric_limits<double>::denorm_min();
   double hi = v.convert_to<double>();
-  if (std::isinf(hi)) return {hi, 0.0, true};
-  // Make hi the nearest double (convert_to's rounding is not relied on).
-  for (int i = 0; i < 3; ++i) {
-    const Wide r = v - Wide(hi);
-    const double toward = r > 0 ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity();
-    const double next = std::nextafter(hi, toward);
-    const Wide gap = abs(Wide(next) - Wide(hi));
-    const Wide twice = abs(r) * 2;
-    if (twice > gap || (twice == gap && sticky != 0 && (r > 0) == (sticky > 0))) {
-      hi = next;
-      continue;
+  if (abs(v) > Wide(kMax)) {
+    if (abs(v) >= ldexp(Wide(1), 1024)) return {v > 0 ? HUGE_VAL : -HUGE_VAL, 0.0, true};
+    hi = v > 0 ? kMax : -kMax;
+  } else {
+    // Make hi the nearest double (convert_to's rounding is not relied on).
+    for (int i = 0; i < 3; ++i) {
+      const Wide r = v - Wide(hi);
+      const double toward = r > 0 ? HUGE_VAL : -HUGE_VAL;
+      const double next = std::nextafter(hi, toward);
+      if (std::isinf(next)) break;
+      const Wide gap = abs(Wide(next) - Wide(hi));
+      const Wide twice = abs(r) * 2;
+      if (twice > gap || (twice == gap && sticky != 0 && (r > 0) == (sticky > 0))) {
+        hi = next;
+        continue;
+      }
+      break;
     }
-    break;
   }
+  if (hi == 0) hi = v > 0 ? kLeast : -kLeast;  // |v| <= kLeast / 2: hi is not exact, so round() sees lo
   const Wide r = v - Wide(hi);
-  double lo = r.convert_to<double>();
-  // A residual below double's range keeps its sign (round() needs it, not its size).
-  if (lo == 0 && r != 0) lo = r < 0 ? -std::numeric_limits<double>::denorm_min() : std::numeric_limits<double>::denorm_min();
-  if (lo == 0 && sticky != 0) lo = sticky * std::numeric_limits<double>::denorm_min();
-  return {hi, lo};
+  if (r == 0) {
+    if (sticky == 0) return {hi};
+    // v is a double and the rest lies far below any format's last bit: only its sign counts.
+    return {hi, static_cast<double>(sticky), false, kTinyScale};
+  }
+  // Residuals below the normal range are held scaled, so no bit and no tie is lost.
+  const int scale = abs(r) < Wide(std::numeric_limits<double>::min()) ? kResidualScale : 0;
+  const Wide scaled = ldexp(r, scale);
+  double lo = scaled.convert_to<double>();
+  const Wide lo_error = scaled - Wide(lo);
+  const int beyond_lo = lo_error > 0 ? 1 : (lo_error < 0 ? -1 : sticky);
+  // An inexact lo that lands on a power of two may sit exactly on half an ulp of a
+  // 52-bit format and fake a tie: step it one double toward the true residual.
+  int e = 0;
+  if (beyond_lo != 0 && std::fabs(std::frexp(lo, &e)) == 0.5)
+    lo = std::nextafter(lo, beyond_lo > 0 ? HUGE_VAL : -HUGE_VAL);
+  return {hi, lo, false, scale};
 }
 
 int sign_of(const Wide& w) { return w > 0 ? 1 : (w < 0 ? -1 : 0); }
@@ -58,15 +83,16 @@ int sign_of(const Wide& w) { return w > 0 ? 1 : (w < 0 ? -1 : 0); }
 Exact exact_add(double a, double b) {
   // Knuth's TwoSum: s + e == a + b exactly whenever s is finite.
   const double s = a + b;
-  if (std::isinf(s)) return {s, 0.0, true};
+  if (std::isinf(s)) return to_exact(Wide(a) + Wide(b), 0);
   const double bb = s - a;
   const double e = (a - (s - bb)) + (b - bb);
+  if (!std::isfinite(e)) return to_exact(Wide(a) + Wide(b), 0);  // s - a overflowed near DBL_MAX
   return {s, e};
 }
 
 Exact exact_mul(double a, double b) {
   const double p = a * b;
-  if (std::isinf(p)) return {p, 0.0, true};
+  if (std::isinf(p)) return to_exact(Wide(a) * Wide(b), 0);
   if (a == 0 || b == 0) return {p};
   if (std::fabs(p) >= kSafeLow) return {p, std::fma(a, b, -p)};  // TwoProduct, exact
   return to_exact(Wide(a) * Wide(b), 0);
@@ -86,11 +112,14 @@ Exact exact_fma(double a, double b, double c) {
 
 Exact exact_div(double a, double b) {
   const double q = a / b;
-  if (std::isinf(q)) return {q, 0.0, true};
   if (a == 0) return {q};
-  if (std::fabs(q) >= kSafeLow && std::fabs(a) >= kSafeLow) {
+  if (std::isfinite(q) && std::fabs(q) >= kSafeLow && std::fabs(a) >= kSafeLow) {
     const double r = std::fma(-q, b, a);  // exact remainder a - q*b
-    return {q, r / b};
+    const double lo = r / b;
+    // lo is r/b rounded; only a power of two can be a fake half-ulp tie (true quotients
+    // of doubles are never midpoints in the normal range): those take the slow path.
+    int e = 0;
+    if (lo == 0 || std::fabs(std::frexp(lo, &e)) != 0.5) return {q, lo};
   }
   const Narrow qn = Narrow(a) / Narrow(b);
   const Wide rem = Wide(a) - Wide(qn) * Wide(b);  // exact: 200 + 53 bits
@@ -102,7 +131,12 @@ Exact exact_sqrt(double a) {
   const double s = std::sqrt(a);
   if (a >= kSafeLow) {
     const double r = std::fma(-s, s, a);  // exact a - s^2
-    return {s, r / (2 * s)};
+    const double lo = r / (2 * s);          // sqrt(a) - s to about 2^-52 relative
+    // Near half an ulp of s (or of the binade below, for s a power of two) that error
+    // could fake or hide a tie of a 52-bit format: those take the slow path.
+    const double half_ulp = std::ldexp(1.0, std::ilogb(s) - 53);
+    const double d = std::min(std::fabs(std::fabs(lo) - half_ulp), std::fabs(std::fabs(lo) - half_ulp / 2));
+    if (d > half_ulp * 0x1p-45) return {s, lo};
   }
   const Narrow sn = sqrt(Narrow(a));
   const Wide rem = Wide(a) - Wide(sn) * Wide(sn);

@@ -85,7 +85,20 @@ double round(const Format& f, const Exact& x, const RoundSpec& spec, Rng* rng, F
     flags |= INV;
     return kNaN;
   }
-  if (hi == 0.0) return hi;
+  if (hi == 0.0) {
+    if (x.lo == 0.0) return hi;
+    // A non-zero x closer to zero than half of double's least subnormal (a product or
+    // quotient of tiny doubles; exact_* keep only its sign, in lo). It is tiny and
+    // inexact in every format; only rounding away from zero (ru, rd by sign, ro) gives
+    // the least subnormal. Stochastic rounding would round up with probability below
+    // 2^-1074: taken as zero.
+    const bool neg = std::signbit(x.lo);
+    flags |= UFLO | INEXACT;
+    const bool away = f.subnormals() && (spec.mode == Rounding::ro || (spec.mode == Rounding::ru && !neg) ||
+                                         (spec.mode == Rounding::rd && neg));
+    const double magnitude = away ? f.min_subnormal() : 0.0;
+    return neg ? -magnitude : magnitude;
+  }
 
   const double ax = std::fabs(hi);
   const double lo = negative ? -x.lo : x.lo;  // residual, positive = away from zero
@@ -100,7 +113,10 @@ double round(const Format& f, const Exact& x, const RoundSpec& spec, Rng* rng, F
   int q = std::max(e, f.emin()) - p;  // weight of the last kept bit
   double n = std::floor(std::ldexp(ax, -q));
   double frac = std::ldexp(ax, -q) - n;  // exact
-  double ls = lo == 0 ? 0.0 : std::ldexp(lo, -q);
+  double ls = lo == 0 ? 0.0 : std::ldexp(lo, -q - x.lo_scale);
+  // A residual far below the last kept bit may underflow when scaled; only its sign
+  // matters then (frac is a multiple of a far larger power of two).
+  if (ls == 0 && lo != 0) ls = std::copysign(std::numeric_limits<double>::denorm_min(), lo);
   if (frac == 0 && ls < 0) {
     // x lies just below the grid point hi. Below a power of two the grid is twice as
     // fine, so step down a binade first (not at emin: subnormal spacing equals emin's).

@@ -15,10 +15,15 @@ namespace emu {
 // the probability of stochastic rounding.
 // `beyond_double` marks a finite x whose magnitude exceeds the largest double (the sum
 // or product of two large fp64 values); hi then holds +-inf for its sign.
+// hi may also be +-DBL_MAX for an x between the largest double and 2^1024 (it rounds to
+// inf in double, yet rz gives DBL_MAX without overflow); lo then holds x - hi.
+// `lo_scale` lets a residual below double's range be held: the residual is
+// lo * 2^-lo_scale (0 unless set by the exact_* functions for tiny results).
 struct Exact {
   double hi = 0.0;
   double lo = 0.0;
   bool beyond_double = false;
+  int lo_scale = 0;
 };
 
 struct RoundSpec {

@@ -1,0 +1,522 @@
+#include "commands.hpp"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <optional>
+
+#include "emu/unit.hpp"
+#include "expression.hpp"
+#include "number.hpp"
+#include "options.hpp"
+
+namespace emu::cli {
+
+void Output::line(const std::string& text) {
+  buffer_ += text;
+  buffer_ += '\n';
+  if (buffer_.size() > (1u << 20)) flush();
+}
+
+void Output::flush() {
+  if (!buffer_.empty()) std::fwrite(buffer_.data(), 1, buffer_.size(), file_);
+  buffer_.clear();
+  std::fflush(file_);
+}
+
+namespace {
+
+const char* const kMainHelp = R"HELP(usage: emu SUBCOMMAND [ARGS] [--json]
+
+The roundoff calculator: rounding, arithmetic and matrix units in low-precision formats.
+  emu info FORMAT                 the format's properties
+  emu round VALUE... --format F   round values (or - for one per line on stdin) into F
+  emu eval "EXPR" --format F      evaluate + - * / ( ) with every step rounded into F
+  emu dot --unit U --a .. --b ..  c + sum a_i*b_i as a matrix unit computes it
+  emu gemm --unit U A.txt B.txt   a small matrix product through a matrix unit
+emu SUBCOMMAND --help tells more.
+
+Formats: fp64 fp32 tf32 bf16 fp16 fp8-e5m2 fp8-e4m3, or eXmY (IEEE-like, X = 2..11
+exponent bits, Y = 1..52 fraction bits). Rounding: rne rna rz ru rd ro sr.
+Numbers: decimal (read exactly, rounded once), hex-float (0x1.8p-3), inf, nan.
+
+Output, one line per result. --json: one JSON object per line with "value" (a number
+that reads back to the same double; "inf", "-inf", "nan" as strings), "bits" (hex, the
+format's width), "flags" (from OFLO DIV0 INV UFLO INEXACT). Without --json the value
+is printed as the shortest decimal that rounds (rne) back to the same format value,
+e.g. 0.0004883 for fp16's 0.00048828125, then [the value as a double], bits and flags.
+Exit status: 0 success, 1 internal error (a bug), 2 bad input.
+)HELP";
+
+const char* const kInfoHelp = R"HELP(usage: emu info FORMAT [--subnormals on|off] [--json]
+
+The properties of FORMAT: name, exponent_bits, fraction_bits, precision (fraction bits
++ 1), bias, width (bits), encoding (ieee, or ocp-fn: no infinities, one NaN pattern per
+sign, as fp8-e4m3), has_inf, subnormals, emin, emax, max, min_normal, min_subnormal
+(of the encoding, also with subnormals off), unit_roundoff (2^-precision), epsilon
+(2^(1-precision)), finite_values (+0 and -0 count once), finite_encodings.
+--json prints them as one JSON object.
+)HELP";
+
+const char* const kRoundHelp = R"HELP(usage: emu round [VALUE... | -] --format F [--rounding R] [--seed S] [--sr-bits K]
+                 [--subnormals on|off] [--overflow inf|saturate|nan] [--rng philox|ipu] [--json]
+
+Rounds each VALUE once into F and prints, per value, the result, its bit pattern and
+the flags that rounding raised (each value's own flags). "-" reads one value per line
+from standard input. Values: decimal (exact: 0.1 is the rational 1/10, never first
+rounded to double), hex-float (0x1.8p-3), inf, infinity, nan, with a sign, any case.
+  --rounding   rne (default) rna rz ru rd ro sr
+  --seed       seed of the random stream for sr (default 0; same seed, same results)
+  --sr-bits    random bits for sr: 0 = exact probabilities (default), 1..64 = hardware
+               style (fraction truncated to K bits plus K random bits; biased toward zero)
+  --rng        source of random bits: philox (default) or ipu (xoroshiro128aox)
+  --overflow   inf (IEEE, default), saturate (to +-max), nan (NaN with OFLO and INV)
+  --subnormals off flushes results below the normal range to zero (with UFLO)
+JSON fields: input, format, rounding, value, bits, flags.
+)HELP";
+
+const char* const kEvalHelp = R"HELP(usage: emu eval "EXPR"... --format F [--rounding R] [--seed S] [--sr-bits K]
+                 [--subnormals on|off] [--overflow inf|saturate|nan] [--rng philox|ipu] [--json]
+
+Evaluates each EXPR in F: + - * / with * and / before + and -, left-associative,
+parentheses, unary minus. Every literal is rounded once into F first, then every
+operation is rounded into F, left to right; the flags are the sticky flags of the
+whole evaluation. A sign written directly before a number where an operand is
+expected belongs to the literal ("-0.1" is rounded as -0.1; "-(0.1)" negates the
+rounded 0.1; only ru and rd can tell the difference). Options as for emu round.
+  emu eval "0.0004 + 0.25 - 0.25" --format fp16 --json
+  {"input": "0.0004 + 0.25 - 0.25", "format": "fp16", "rounding": "rne", "value": 0.00048828125, "bits": "0x1000", "flags": ["INEXACT"]}
+A syntax error names the column (1-based).
+)HELP";
+
+const char* const kDotHelp = R"HELP(usage: emu dot --unit UNIT --a V1,V2,... --b V1,V2,... [--c C] [--in FMT] [--out FMT]
+               [--rounding R] [--seed S] [--sr-bits K] [--overflow P] [--rng G] [--json]
+
+Prints c + sum a_i*b_i as UNIT computes it: value, bits (in the output format), flags
+(raised by the unit's computation). The a_i and b_i are first rounded into the input
+format and c into the output format, with rne; the flags of those conversions are
+reported apart, as "input_flags". --in and --out default to the unit's own formats.
+Units: v100 t4 a100 ada l40s h100 h200 b200 (tensor cores), ipu-amp, ipu-amp-half,
+exact (rounded once), fp32-seq, fp16-seq (sequential fused multiply-add).
+--rounding and the other rounding options set the context; units with a fixed
+rounding (tensor cores) ignore it.
+JSON fields: unit, in, out, rounding, value, bits, flags, input_flags.
+)HELP";
+
+const char* const kGemmHelp = R"HELP(usage: emu gemm --unit UNIT A.txt B.txt [C.txt] [--in FMT] [--out FMT]
+                [--rounding R] [--seed S] [--sr-bits K] [--overflow P] [--rng G] [--json]
+
+Computes A*B + C through UNIT (see emu dot --help). Matrix files: one row per line,
+numbers separated by white space; blank lines and lines starting with # are skipped.
+A is m x k, B is k x n, C (default zero) is m x n. Inputs are rounded into the input
+format and C into the output format with rne. Each element is computed by the unit's
+gemm as a 1 x 1 x k product, so its flags are its own.
+Output: without --json, one line per row of the result (shortest decimals that read
+back to the output format's values) and a last line with the flags of all elements.
+With --json, one object per element in row-major order, with fields unit, in, out,
+rounding, row, col (from 0), value, bits, flags, input_flags (those of its row of A,
+its column of B and its C element).
+)HELP";
+
+std::string flags_json(Flags flags) {
+  std::string s = "[";
+  for (const auto& name : flag_names(flags)) s += (s.size() > 1 ? ", \"" : "\"") + name + "\"";
+  return s + "]";
+}
+
+std::string flags_text(Flags flags) {
+  std::string s;
+  for (const auto& name : flag_names(flags)) s += (s.empty() ? "" : " ") + name;
+  return s.empty() ? "none" : s;
+}
+
+// "VALUE [double] bits 0xBITS flags F" for people.
+std::string result_text(const Format& f, double value, Flags flags) {
+  std::string text = shortest_decimal(f, value);
+  if (std::isfinite(value)) text += " [" + json_number(value) + "]";
+  return text + " bits " + hex_bits(f, f.encode(value)) + " flags " + flags_text(flags);
+}
+
+// The contract's fields after "input"/"format"/"rounding": value, bits, flags.
+std::string result_json(const Format& f, double value, Flags flags) {
+  return "\"value\": " + json_number(value) + ", \"bits\": " + json_string(hex_bits(f, f.encode(value))) +
+         ", \"flags\": " + flags_json(flags);
+}
+
+std::string trimmed(std::string_view s) {
+  const auto first = s.find_first_not_of(" \t\r");
+  if (first == std::string_view::npos) return {};
+  const auto last = s.find_last_not_of(" \t\r");
+  return std::string(s.substr(first, last - first + 1));
+}
+
+std::vector<OptionSpec> with(std::vector<OptionSpec> base, std::initializer_list<OptionSpec> more) {
+  base.insert(base.end(), more);
+  return base;
+}
+
+// ---- info -----------------------------------------------------------------------
+
+int info(const std::vector<std::string>& args, Output& out) {
+  const auto o = parse_options("info", args, {{"--subnormals", true}, {"--json", false}, {"--help", false}});
+  if (o.positionals.size() != 1) throw UsageError("emu info: expected one FORMAT (e.g. emu info fp16)");
+  ParsedOptions with_format = o;
+  with_format.values["--format"] = o.positionals.front();
+  const Format f = format_option(with_format, "--format");
+  const std::string encoding = f.encoding() == Encoding::ieee ? "ieee" : "ocp-fn";
+  const std::pair<const char*, std::string> fields[] = {
+      {"name", json_string(f.name())},
+      {"exponent_bits", std::to_string(f.exponent_bits())},
+      {"fraction_bits", std::to_string(f.fraction_bits())},
+      {"precision", std::to_string(f.precision())},
+      {"bias", std::to_string(f.bias())},
+      {"width", std::to_string(f.width())},
+      {"encoding", json_string(encoding)},
+      {"has_inf", f.has_infinity() ? "true" : "false"},
+      {"subnormals", f.subnormals() ? "true" : "false"},
+      {"emin", std::to_string(f.emin())},
+      {"emax", std::to_string(f.emax())},
+      {"max", json_number(f.max_finite())},
+      {"min_normal", json_number(f.min_normal())},
+      {"min_subnormal", json_number(f.min_subnormal())},
+      {"unit_roundoff", json_number(f.unit_roundoff())},
+      {"epsilon", json_number(f.epsilon())},
+      {"finite_values", std::to_string(f.finite_values())},
+      {"finite_encodings", std::to_string(f.finite_encodings())},
+  };
+  if (o.has("--json")) {
+    std::string line = "{";
+    for (const auto& [key, value] : fields) line += (line.size() > 1 ? ", \"" : "\"") + std::string(key) + "\": " + value;
+    out.line(line + "}");
+    return 0;
+  }
+  for (const auto& [key, value] : fields) {
+    std::string shown = value;
+    if (!shown.empty() && shown.front() == '"') shown = shown.substr(1, shown.size() - 2);
+    out.line(std::string(key) + std::string(18 - std::strlen(key), ' ') + shown);
+  }
+  return 0;
+}
+
+// ---- round and eval -----------------------------------------------------------------
+
+struct Input {
+  std::string text;
+  Exact value;
+};
+
+// Standard input, one value per line; errors name the line.
+void read_stdin_values(std::vector<Input>& inputs) {
+  std::string all;
+  char chunk[1 << 16];
+  std::size_t n;
+  while ((n = std::fread(chunk, 1, sizeof chunk, stdin)) > 0) all.append(chunk, n);
+  if (std::ferror(stdin)) throw UsageError("emu round: cannot read standard input");
+  std::size_t line_no = 0, start = 0;
+  while (start < all.size()) {
+    auto end = all.find('\n', start);
+    if (end == std::string::npos) end = all.size();
+    ++line_no;
+    std::string text = trimmed(std::string_view(all).substr(start, end - start));
+    start = end + 1;
+    try {
+      Exact x = parse_number(text);
+      inputs.push_back({std::move(text), x});
+    } catch (const NumberError& e) {
+      throw UsageError("emu round: standard input line " + std::to_string(line_no) + ": malformed number '" + text +
+                       "': " + e.what());
+    }
+  }
+}
+
+int round_values(const std::vector<std::string>& args, Output& out) {
+  const auto o = parse_options("round", args, with(rounding_options(), {{"--format", true}, {"--subnormals", true}}));
+  const Format f = format_option(o);
+  Context ctx = context_from(o);
+  const std::string rounding = rounding_from(o);
+  std::vector<Input> inputs;
+  bool read_stdin = false;
+  for (const auto& p : o.positionals) {
+    if (p == "-") {
+      if (read_stdin) throw UsageError("emu round: '-' (standard input) given twice");
+      read_stdin = true;
+      read_stdin_values(inputs);
+      continue;
+    }
+    try {
+      inputs.push_back({p, parse_number(p)});
+    } catch (const NumberError& e) {
+      throw UsageError("emu round: malformed number '" + p + "': " + e.what());
+    }
+  }
+  if (o.positionals.empty()) throw UsageError("emu round: no values (give VALUE... or - to read standard input)");
+  const bool json = o.has("--json");
+  const std::string fixed = ", \"format\": " + json_string(f.name()) + ", \"rounding\": " + json_string(rounding) + ", ";
+  for (const auto& in : inputs) {
+    ctx.clear_status();
+    const double v = ctx.round(f, in.value, "round", {in.value.hi});
+    if (json)
+      out.line("{\"input\": " + json_string(in.text) + fixed + result_json(f, v, ctx.status()) + "}");
+    else
+      out.line(in.text + " -> " + result_text(f, v, ctx.status()));
+  }
+  return 0;
+}
+
+int eval(const std::vector<std::string>& args, Output& out) {
+  const auto o = parse_options("eval", args, with(rounding_options(), {{"--format", true}, {"--subnormals", true}}));
+  const Format f = format_option(o);
+  Context ctx = context_from(o);
+  const std::string rounding = rounding_from(o);
+  if (o.positionals.empty()) throw UsageError("emu eval: no expression (e.g. emu eval \"0.1 + 0.2\" --format fp16)");
+  std::vector<std::unique_ptr<Expression>> expressions;
+  for (const auto& text : o.positionals) {
+    try {
+      expressions.push_back(parse_expression(text));
+    } catch (const SyntaxError& e) {
+      throw UsageError("emu eval: \"" + text + "\": " + e.what());
+    }
+  }
+  const bool json = o.has("--json");
+  for (std::size_t i = 0; i < expressions.size(); ++i) {
+    ctx.clear_status();
+    const double v = evaluate(*expressions[i], f, ctx);
+    const std::string& text = o.positionals[i];
+    if (json)
+      out.line("{\"input\": " + json_string(text) + ", \"format\": " + json_string(f.name()) +
+               ", \"rounding\": " + json_string(rounding) + ", " + result_json(f, v, ctx.status()) + "}");
+    else
+      out.line(text + " = " + result_text(f, v, ctx.status()));
+  }
+  return 0;
+}
+
+// ---- dot and gemm ---------------------------------------------------------------
+
+struct UnitSetup {
+  std::unique_ptr<MatrixUnit> unit;
+  std::string fixed_json;  // "unit", "in", "out", "rounding" fields
+};
+
+UnitSetup unit_from(const ParsedOptions& o, std::string_view command) {
+  const auto name = o.get("--unit");
+  if (!name) throw UsageError("emu " + std::string(command) + ": --unit is required (e.g. --unit exact)");
+  UnitKind kind;
+  try {
+    kind = unit_kind_by_name(*name);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--unit: ") + e.what());
+  }
+  std::optional<Format> in, out;
+  if (const auto v = o.get("--in")) in = format_named("--in", *v);
+  if (const auto v = o.get("--out")) out = format_named("--out", *v);
+  UnitSetup s;
+  try {
+    s.unit = make_unit(kind, in, out);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError("--unit " + *name + ": " + e.what());
+  }
+  s.fixed_json = "\"unit\": " + json_string(*name) + ", \"in\": " + json_string(s.unit->input_format().name()) +
+                 ", \"out\": " + json_string(s.unit->output_format().name()) +
+                 ", \"rounding\": " + json_string(rounding_from(o));
+  return s;
+}
+
+// Rounds x into f with rne (how inputs enter a unit), collecting the flags.
+double convert_input(const Format& f, const Exact& x, Flags& flags) {
+  return emu::round(f, x, RoundSpec{}, nullptr, flags);
+}
+
+std::vector<Exact> number_list(std::string_view option, const std::string& text) {
+  std::vector<Exact> values;
+  std::size_t start = 0, index = 0;
+  while (true) {
+    const auto comma = text.find(',', start);
+    const std::string item = trimmed(std::string_view(text).substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    ++index;
+    try {
+      values.push_back(parse_number(item));
+    } catch (const NumberError& e) {
+      throw UsageError(std::string(option) + ": value " + std::to_string(index) + " '" + item + "' is malformed: " + e.what());
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return values;
+}
+
+const std::vector<OptionSpec> kUnitOptions = {{"--unit", true}, {"--in", true}, {"--out", true}};
+
+int dot(const std::vector<std::string>& args, Output& out) {
+  auto known = with(rounding_options(), {{"--a", true}, {"--b", true}, {"--c", true}});
+  known.insert(known.end(), kUnitOptions.begin(), kUnitOptions.end());
+  const auto o = parse_options("dot", args, known);
+  if (!o.positionals.empty()) throw UsageError("emu dot: unexpected argument '" + o.positionals.front() + "'");
+  const auto a_text = o.get("--a"), b_text = o.get("--b");
+  if (!a_text || !b_text) throw UsageError("emu dot: --a and --b are required (e.g. --a 1,2 --b 3,4)");
+  const std::vector<Exact> a_exact = number_list("--a", *a_text), b_exact = number_list("--b", *b_text);
+  if (a_exact.size() != b_exact.size())
+    throw UsageError("emu dot: --a has " + std::to_string(a_exact.size()) + " values but --b has " +
+                     std::to_string(b_exact.size()));
+  Exact c_exact{0.0};
+  if (const auto c = o.get("--c")) {
+    try {
+      c_exact = parse_number(trimmed(*c));
+    } catch (const NumberError& e) {
+      throw UsageError("--c: malformed number '" + *c + "': " + e.what());
+    }
+  }
+  const UnitSetup setup = unit_from(o, "dot");
+  Context ctx = context_from(o);
+  const Format& in = setup.unit->input_format();
+  const Format& out_format = setup.unit->output_format();
+  Flags input_flags = 0;
+  std::vector<double> a, b;
+  for (const auto& x : a_exact) a.push_back(convert_input(in, x, input_flags));
+  for (const auto& x : b_exact) b.push_back(convert_input(in, x, input_flags));
+  const double c = convert_input(out_format, c_exact, input_flags);
+  const double v = setup.unit->dot(ctx, a.size(), a.data(), 1, b.data(), 1, c);
+  if (o.has("--json"))
+    out.line("{" + setup.fixed_json + ", " + result_json(out_format, v, ctx.status()) +
+             ", \"input_flags\": " + flags_json(input_flags) + "}");
+  else
+    out.line(result_text(out_format, v, ctx.status()) + " (unit " +
+             *o.get("--unit") + ", in " + in.name() + ", out " + out_format.name() + "; inputs rounded with rne: flags " +
+             flags_text(input_flags) + ")");
+  return 0;
+}
+
+struct Matrix {
+  std::size_t rows = 0, cols = 0;
+  std::vector<Exact> values;       // row-major
+  std::vector<std::size_t> lines;  // the file line of each row
+  std::string path;
+};
+
+Matrix read_matrix(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) throw UsageError(path + ": cannot open: " + std::strerror(errno));
+  Matrix m;
+  m.path = path;
+  std::string line;
+  std::size_t line_no = 0;
+  while (std::getline(file, line)) {
+    ++line_no;
+    const std::string t = trimmed(line);
+    if (t.empty() || t.front() == '#') continue;
+    std::size_t count = 0, pos = 0;
+    while (true) {
+      const auto start = line.find_first_not_of(" \t\r", pos);
+      if (start == std::string::npos) break;
+      auto end = line.find_first_of(" \t\r", start);
+      if (end == std::string::npos) end = line.size();
+      const std::string token = line.substr(start, end - start);
+      try {
+        m.values.push_back(parse_number(token));
+      } catch (const NumberError& e) {
+        throw UsageError(path + ":" + std::to_string(line_no) + ": column " + std::to_string(start + 1) +
+                         ": malformed number '" + token + "': " + e.what());
+      }
+      ++count;
+      pos = end;
+    }
+    if (m.rows > 0 && count != m.cols)
+      throw UsageError(path + ":" + std::to_string(line_no) + ": " + std::to_string(count) + " values, but line " +
+                       std::to_string(m.lines.front()) + " has " + std::to_string(m.cols));
+    m.cols = count;
+    m.lines.push_back(line_no);
+    ++m.rows;
+  }
+  if (file.bad()) throw UsageError(path + ": read error");
+  if (m.rows == 0) throw UsageError(path + ": no rows (one row of numbers per line)");
+  return m;
+}
+
+// Checks that `m` has the expected number of rows, naming the line where it breaks.
+void expect_rows(const Matrix& m, std::size_t rows, const std::string& why) {
+  if (m.rows == rows) return;
+  const std::size_t line = m.rows > rows ? m.lines[rows] : m.lines.back();
+  throw UsageError(m.path + ":" + std::to_string(line) + ": " + std::to_string(m.rows) + " rows, but " + why + " needs " +
+                   std::to_string(rows));
+}
+
+int gemm(const std::vector<std::string>& args, Output& out) {
+  auto known = rounding_options();
+  known.insert(known.end(), kUnitOptions.begin(), kUnitOptions.end());
+  const auto o = parse_options("gemm", args, known);
+  if (o.positionals.size() < 2 || o.positionals.size() > 3)
+    throw UsageError("emu gemm: expected the files A.txt B.txt [C.txt]");
+  const UnitSetup setup = unit_from(o, "gemm");
+  Context ctx = context_from(o);
+  const Matrix A = read_matrix(o.positionals[0]), B = read_matrix(o.positionals[1]);
+  expect_rows(B, A.cols, "A*B with A = " + A.path + " (" + std::to_string(A.cols) + " columns)");
+  std::optional<Matrix> C;
+  if (o.positionals.size() == 3) {
+    C = read_matrix(o.positionals[2]);
+    expect_rows(*C, A.rows, "A*B + C with A = " + A.path + " (" + std::to_string(A.rows) + " rows)");
+    if (C->cols != B.cols)
+      throw UsageError(C->path + ":" + std::to_string(C->lines.front()) + ": " + std::to_string(C->cols) +
+                       " columns, but A*B + C with B = " + B.path + " needs " + std::to_string(B.cols));
+  }
+  const std::size_t m = A.rows, n = B.cols, k = A.cols;
+  const Format& in = setup.unit->input_format();
+  const Format& out_format = setup.unit->output_format();
+
+  std::vector<double> a(m * k), b(k * n), c(m * n, 0.0);
+  std::vector<Flags> a_row_flags(m, 0), b_col_flags(n, 0), c_flags(m * n, 0);
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t p = 0; p < k; ++p) a[i * k + p] = convert_input(in, A.values[i * k + p], a_row_flags[i]);
+  for (std::size_t p = 0; p < k; ++p)
+    for (std::size_t j = 0; j < n; ++j) b[p * n + j] = convert_input(in, B.values[p * n + j], b_col_flags[j]);
+  if (C)
+    for (std::size_t e = 0; e < m * n; ++e) c[e] = convert_input(out_format, C->values[e], c_flags[e]);
+
+  const bool json = o.has("--json");
+  Flags all_flags = 0, all_input_flags = 0;
+  for (std::size_t i = 0; i < m; ++i) {
+    std::string row_text;
+    for (std::size_t j = 0; j < n; ++j) {
+      ctx.clear_status();
+      double v = c[i * n + j];
+      setup.unit->gemm(ctx, 1, 1, k, a.data() + i * k, k, b.data() + j, n, &v, 1);
+      const Flags input_flags = a_row_flags[i] | b_col_flags[j] | c_flags[i * n + j];
+      all_flags |= ctx.status();
+      all_input_flags |= input_flags;
+      if (json)
+        out.line("{" + setup.fixed_json + ", \"row\": " + std::to_string(i) + ", \"col\": " + std::to_string(j) + ", " +
+                 result_json(out_format, v, ctx.status()) + ", \"input_flags\": " + flags_json(input_flags) + "}");
+      else
+        row_text += (j ? std::string(" ") : std::string()) + shortest_decimal(out_format, v);
+    }
+    if (!json) out.line(row_text);
+  }
+  if (!json)
+    out.line("flags " + flags_text(all_flags) + " (unit " + *o.get("--unit") + ", in " + in.name() + ", out " +
+             out_format.name() + "; inputs rounded with rne: flags " + flags_text(all_input_flags) + ")");
+  return 0;
+}
+
+}  // namespace
+
+const char* help_text(const std::string& command) {
+  if (command.empty()) return kMainHelp;
+  if (command == "info") return kInfoHelp;
+  if (command == "round") return kRoundHelp;
+  if (command == "eval") return kEvalHelp;
+  if (command == "dot") return kDotHelp;
+  if (command == "gemm") return kGemmHelp;
+  return nullptr;
+}
+
+int run_command(const std::string& command, const std::vector<std::string>& args, Output& out) {
+  if (command == "info") return info(args, out);
+  if (command == "round") return round_values(args, out);
+  if (command == "eval") return eval(args, out);
+  if (command == "dot") return dot(args, out);
+  if (command == "gemm") return gemm(args, out);
+  throw UsageError("emu: unknown subcommand '" + command + "'");
+}
+
+}  // namespace emu::cli

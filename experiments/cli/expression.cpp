@@ -1,0 +1,189 @@
+#include "expression.hpp"
+
+#include <cctype>
+
+#include "number.hpp"
+
+namespace emu::cli {
+
+namespace {
+
+bool is_number_start(std::string_view s, std::size_t i) {
+  return i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.');
+}
+
+// Recursive descent over the grammar
+//   sum     := product (('+' | '-') product)*
+//   product := unary (('*' | '/') unary)*
+//   unary   := ('-' | '+') unary | primary      (a sign right before a number: literal)
+//   primary := number | name | '(' sum ')'
+class Parser {
+ public:
+  explicit Parser(std::string_view text) : s_(text) {}
+
+  std::unique_ptr<Expression> parse() {
+    skip_spaces();
+    if (pos_ == s_.size()) throw SyntaxError(1, "empty expression");
+    auto e = sum();
+    skip_spaces();
+    if (pos_ < s_.size()) {
+      if (s_[pos_] == ')') throw SyntaxError(column(), "')' without a matching '('");
+      throw SyntaxError(column(), "expected an operator (+ - * /) but found " + describe_here());
+    }
+    return e;
+  }
+
+ private:
+  int column() const { return static_cast<int>(pos_) + 1; }
+  void skip_spaces() {
+    while (pos_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[pos_]))) ++pos_;
+  }
+  std::string describe_here() const {
+    if (pos_ >= s_.size()) return "the end of the expression";
+    return std::string("'") + s_[pos_] + "'";
+  }
+
+  static std::unique_ptr<Expression> node(Expression::Kind kind, int column, std::unique_ptr<Expression> left,
+                                          std::unique_ptr<Expression> right) {
+    auto e = std::make_unique<Expression>();
+    e->kind = kind;
+    e->column = column;
+    e->left = std::move(left);
+    e->right = std::move(right);
+    return e;
+  }
+
+  std::unique_ptr<Expression> sum() {
+    auto left = product();
+    while (true) {
+      skip_spaces();
+      if (pos_ == s_.size() || (s_[pos_] != '+' && s_[pos_] != '-')) return left;
+      const auto kind = s_[pos_] == '+' ? Expression::Kind::add : Expression::Kind::sub;
+      const int at = column();
+      ++pos_;
+      left = node(kind, at, std::move(left), product());
+    }
+  }
+
+  std::unique_ptr<Expression> product() {
+    auto left = unary();
+    while (true) {
+      skip_spaces();
+      if (pos_ == s_.size() || (s_[pos_] != '*' && s_[pos_] != '/')) return left;
+      const auto kind = s_[pos_] == '*' ? Expression::Kind::mul : Expression::Kind::div;
+      const int at = column();
+      ++pos_;
+      left = node(kind, at, std::move(left), unary());
+    }
+  }
+
+  std::unique_ptr<Expression> unary() {
+    skip_spaces();
+    if (pos_ < s_.size() && (s_[pos_] == '-' || s_[pos_] == '+')) {
+      const bool minus = s_[pos_] == '-';
+      const std::size_t sign_at = pos_;
+      if (is_number_start(s_, pos_ + 1) || is_name_start(pos_ + 1)) return literal(sign_at);
+      ++pos_;
+      auto operand = unary();
+      if (!minus) return operand;
+      return node(Expression::Kind::negate, static_cast<int>(sign_at) + 1, std::move(operand), nullptr);
+    }
+    return primary();
+  }
+
+  bool is_name_start(std::size_t i) const { return i < s_.size() && std::isalpha(static_cast<unsigned char>(s_[i])); }
+
+  std::unique_ptr<Expression> primary() {
+    skip_spaces();
+    if (pos_ < s_.size() && s_[pos_] == '(') {
+      const int open = column();
+      ++pos_;
+      auto inner = sum();
+      skip_spaces();
+      if (pos_ == s_.size() || s_[pos_] != ')')
+        throw SyntaxError(column(), "expected ')' to close the '(' at column " + std::to_string(open) +
+                                        " but found " + describe_here());
+      ++pos_;
+      return inner;
+    }
+    if (is_number_start(s_, pos_) || is_name_start(pos_)) return literal(pos_);
+    throw SyntaxError(column(), "expected a number or '(' but found " + describe_here());
+  }
+
+  // A number (with its sign, if one starts at `start`): letters, digits and points, plus
+  // a sign right after an exponent letter (e of decimals, p of hex-floats).
+  std::unique_ptr<Expression> literal(std::size_t start) {
+    pos_ = start;
+    if (s_[pos_] == '-' || s_[pos_] == '+') ++pos_;
+    const bool hex = pos_ + 1 < s_.size() && s_[pos_] == '0' && (s_[pos_ + 1] == 'x' || s_[pos_ + 1] == 'X');
+    while (pos_ < s_.size()) {
+      const char c = s_[pos_];
+      if (std::isalnum(static_cast<unsigned char>(c)) || c == '.') {
+        ++pos_;
+        continue;
+      }
+      const char before = s_[pos_ - 1];
+      const bool after_exponent = hex ? (before == 'p' || before == 'P') : (before == 'e' || before == 'E');
+      if ((c == '+' || c == '-') && after_exponent) {
+        ++pos_;
+        continue;
+      }
+      break;
+    }
+    auto e = std::make_unique<Expression>();
+    e->kind = Expression::Kind::literal;
+    e->column = static_cast<int>(start) + 1;
+    e->text = std::string(s_.substr(start, pos_ - start));
+    try {
+      e->literal = parse_number(e->text);
+    } catch (const NumberError& err) {
+      throw SyntaxError(e->column, "malformed number '" + e->text + "': " + err.what());
+    }
+    return e;
+  }
+
+  std::string_view s_;
+  std::size_t pos_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Expression> parse_expression(std::string_view text) { return Parser(text).parse(); }
+
+double evaluate(const Expression& e, const Format& f, Context& ctx) {
+  using Kind = Expression::Kind;
+  switch (e.kind) {
+    case Kind::literal:
+      return ctx.round(f, e.literal, "literal", {e.literal.hi});
+    case Kind::negate:
+      return -evaluate(*e.left, f, ctx);
+    default:
+      break;
+  }
+  const double a = evaluate(*e.left, f, ctx);  // left operand first: left to right
+  const double b = evaluate(*e.right, f, ctx);
+  switch (e.kind) {
+    case Kind::add: return ctx.add(f, a, b);
+    case Kind::sub: return ctx.sub(f, a, b);
+    case Kind::mul: return ctx.mul(f, a, b);
+    case Kind::div: return ctx.div(f, a, b);
+    default: throw std::logic_error("evaluate: unknown expression kind");
+  }
+}
+
+std::string to_string(const Expression& e) {
+  using Kind = Expression::Kind;
+  switch (e.kind) {
+    case Kind::literal: return e.text;
+    case Kind::negate: return "-(" + to_string(*e.left) + ")";
+    default: break;
+  }
+  const char* op = e.kind == Kind::add ? " + " : e.kind == Kind::sub ? " - " : e.kind == Kind::mul ? " * " : " / ";
+  std::string s = "(";
+  s += to_string(*e.left);
+  s += op;
+  s += to_string(*e.right);
+  return s + ")";
+}
+
+}  // namespace emu::cli

@@ -1,0 +1,51 @@
+// Arithmetic expressions for `emu eval`: + - * / with the usual precedence (* and /
+// before + and -, all left-associative), parentheses, unary minus and plus. Parsing
+// builds a tree; evaluation walks it left to right, rounding every literal and every
+// operation into one format through an emu::Context.
+#pragma once
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "emu/arith.hpp"
+#include "emu/format.hpp"
+
+namespace emu::cli {
+
+// A syntax error at a 1-based column of the expression text.
+class SyntaxError : public std::runtime_error {
+ public:
+  SyntaxError(int column, const std::string& message)
+      : std::runtime_error("column " + std::to_string(column) + ": " + message), column_(column) {}
+  int column() const { return column_; }
+
+ private:
+  int column_;
+};
+
+struct Expression {
+  enum class Kind { literal, negate, add, sub, mul, div };
+  Kind kind = Kind::literal;
+  Exact literal;        // the exact value of a literal
+  std::string text;     // a literal as written (including a sign folded into it)
+  int column = 0;       // where it starts in the source, 1-based
+  std::unique_ptr<Expression> left, right;  // negate uses left only
+};
+
+// Numbers are written as parse_number() reads them (decimal, hex-float, inf, nan).
+// A minus or plus sign written directly before a number, where an operand is expected,
+// belongs to that literal: "-0.1" is the literal -0.1, rounded once (which matters
+// under ru and rd), while "-(0.1)" negates the rounded 0.1. Negation is exact.
+// Throws SyntaxError naming the column.
+std::unique_ptr<Expression> parse_expression(std::string_view text);
+
+// Evaluates e in format f under ctx: each literal is rounded into f (ctx.round), each
+// operation is ctx.add/sub/mul/div into f; the flags collect in ctx.status().
+double evaluate(const Expression& e, const Format& f, Context& ctx);
+
+// The tree written back with full parentheses, e.g. "((1 + 2) * -3)", for tests.
+std::string to_string(const Expression& e);
+
+}  // namespace emu::cli

@@ -1,0 +1,54 @@
+// Command-line options of the emu calculator: a small strict parser (unknown options,
+// missing values and repeated options are errors) and the rounding setup shared by the
+// subcommands.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "emu/arith.hpp"
+#include "emu/format.hpp"
+
+namespace emu::cli {
+
+// Bad input from the user (arguments, data files): one line, exit status 2.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct OptionSpec {
+  std::string_view name;  // "--format"
+  bool takes_value;
+};
+
+struct ParsedOptions {
+  std::map<std::string, std::string, std::less<>> values;  // "--format" -> "fp16"; flags -> ""
+  std::vector<std::string> positionals;
+  bool has(std::string_view name) const { return values.find(name) != values.end(); }
+  std::optional<std::string> get(std::string_view name) const;
+};
+
+// Reads `--name value`, `--name=value`, flags, and positionals (anything not starting
+// with "--"; so "-", "-0.5" and "-inf" are values). "--" ends the options. Throws
+// UsageError naming the command for an unknown option, a missing value or a repeat.
+ParsedOptions parse_options(std::string_view command, const std::vector<std::string>& args,
+                            const std::vector<OptionSpec>& known);
+
+// --format F (required) with --subnormals on|off.
+Format format_option(const ParsedOptions& o, std::string_view option = "--format");
+// A format named by an option value, as UsageError when unknown (listing the known ones).
+Format format_named(std::string_view option, const std::string& name);
+// --rounding --seed --sr-bits --overflow --rng as an emu::Context.
+Context context_from(const ParsedOptions& o);
+// The rounding mode's name as given (default rne).
+std::string rounding_from(const ParsedOptions& o);
+
+// The options every rounding subcommand takes.
+std::vector<OptionSpec> rounding_options();
+
+}  // namespace emu::cli

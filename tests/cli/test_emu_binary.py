@@ -1,0 +1,364 @@
+"""Runs the real emu binary through its public interface (CONTRACT.md): golden values,
+JSON shape, exit statuses, overflow policies, fp8-e4m3, stochastic rounding seeds,
+dot/gemm, and 100,000 values on standard input. The oracle is an exact rounding written
+here with Python's fractions, independently of the C++ code.
+
+usage: /usr/bin/python3 test_emu_binary.py path/to/emu
+"""
+import json
+import random
+import subprocess
+import sys
+import time
+from fractions import Fraction
+
+EMU = sys.argv[1]
+failures = []
+
+
+def check(condition, what):
+    if not condition:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+def emu(*args, stdin=None):
+    p = subprocess.run([EMU, *args], input=stdin, capture_output=True, text=True)
+    return p.returncode, p.stdout, p.stderr
+
+
+def emu_json(*args, stdin=None):
+    rc, out, err = emu(*args, "--json", stdin=stdin)
+    check(rc == 0, f"emu {' '.join(args)} --json: exit {rc}, stderr {err!r}")
+    lines = out.splitlines()
+    return [json.loads(line) for line in lines]
+
+
+# ---- the oracle: exact rounding into an IEEE-like format (and OCP fp8-e4m3) -------------
+
+class Fmt:
+    def __init__(self, ebits, fbits, ocp_fn=False):
+        self.ebits, self.fbits, self.ocp_fn = ebits, fbits, ocp_fn
+        self.bias = 2 ** (ebits - 1) - 1
+        self.emin = 1 - self.bias
+        top = 2 ** ebits - 1
+        self.emax = (top if ocp_fn else top - 1) - self.bias
+        top_significand = 2 - Fraction(2, 2 ** fbits) if ocp_fn else 2 - Fraction(1, 2 ** fbits)
+        self.max = top_significand * Fraction(2) ** self.emax
+        self.min_normal = Fraction(2) ** self.emin
+
+    def round(self, x, mode="rne"):
+        """x: a Fraction. Returns (value as Fraction or 'inf'/'-inf'/'nan', flags set)."""
+        flags = set()
+        if x == 0:
+            return x, flags
+        sign = -1 if x < 0 else 1
+        a = abs(x)
+        e = a.numerator.bit_length() - a.denominator.bit_length()
+        if a < Fraction(2) ** e:
+            e -= 1
+        q = Fraction(2) ** (max(e, self.emin) - self.fbits)
+        n, rest = divmod(a, q)  # n integer, rest in [0, q)
+        if mode == "rne":
+            up = rest * 2 > q or (rest * 2 == q and n % 2 == 1)
+        elif mode == "rz":
+            up = False
+        elif mode == "ru":
+            up = rest > 0 and sign > 0
+        elif mode == "rd":
+            up = rest > 0 and sign < 0
+        else:
+            raise ValueError(mode)
+        r = (n + (1 if up else 0)) * q
+        if rest:
+            flags.add("INEXACT")
+            if a < self.min_normal:
+                flags.add("UFLO")
+        if r > self.max:
+            flags |= {"OFLO", "INEXACT"}
+            to_inf = mode == "rne" or (mode == "ru" and sign > 0) or (mode == "rd" and sign < 0)
+            if not to_inf:
+                return sign * self.max, flags
+            return ("nan" if self.ocp_fn else ("inf" if sign > 0 else "-inf")), flags
+        if r == 0 and sign < 0:
+            return "-0", flags  # Fraction has no negative zero
+        return sign * r, flags
+
+    def bits(self, v):
+        if v == "nan":
+            return (2 ** (self.ebits + self.fbits) - 1) if self.ocp_fn else \
+                (2 ** self.ebits - 1) << self.fbits | 1 << (self.fbits - 1)
+        if v == "-0":
+            return 1 << (self.ebits + self.fbits)
+        if v in ("inf", "-inf"):
+            return ((2 ** self.ebits - 1) << self.fbits) | ((1 << (self.ebits + self.fbits)) if v == "-inf" else 0)
+        sign = 1 << (self.ebits + self.fbits) if v < 0 else 0
+        a = abs(v)
+        if a == 0:
+            return sign
+        if a < self.min_normal:
+            return sign | int(a / Fraction(2) ** (self.emin - self.fbits))
+        e = a.numerator.bit_length() - a.denominator.bit_length()
+        if a < Fraction(2) ** e:
+            e -= 1
+        significand = int(a / Fraction(2) ** (e - self.fbits))
+        return sign | ((e + self.bias) << self.fbits) | (significand - (1 << self.fbits))
+
+
+FP16, BF16, FP8_E4M3 = Fmt(5, 10), Fmt(8, 7), Fmt(4, 3, ocp_fn=True)
+FLAG_ORDER = ["OFLO", "DIV0", "INV", "UFLO", "INEXACT"]
+
+
+def ordered(flags):
+    return [f for f in FLAG_ORDER if f in flags]
+
+
+def as_json_value(v):
+    if v == "-0":
+        return -0.0
+    return v if isinstance(v, str) else float(v)
+
+
+# ---- golden values -----------------------------------------------------------------
+
+rc, out, err = emu("eval", "0.0004 + 0.25 - 0.25", "--format", "fp16", "--json")
+check(rc == 0 and out == '{"input": "0.0004 + 0.25 - 0.25", "format": "fp16", "rounding": "rne", '
+      '"value": 0.00048828125, "bits": "0x1000", "flags": ["INEXACT"]}\n',
+      f"golden eval line, got {out!r} {err!r}")
+
+# The seeds' worked examples (issue 2), with the true values.
+for literal, expected in [("0.2", 0.199951171875), ("0.02", 0.02001953125), ("0.002", 0.001953125),
+                          ("0.0002", 0.000244140625), ("0.0004", 0.00048828125)]:
+    [r] = emu_json("eval", f"{literal} + 0.25 - 0.25", "--format", "fp16")
+    check(r["value"] == expected, f"{literal} + 0.25 - 0.25 in fp16: {r['value']} != {expected}")
+# Several expressions: one line each, in order.
+rs = emu_json("eval", "1 + 2", "2 * 3", "1 / 3", "--format", "fp16")
+check([r["input"] for r in rs] == ["1 + 2", "2 * 3", "1 / 3"] and rs[0]["value"] == 3 and rs[1]["flags"] == []
+      and rs[2]["value"] == float(FP16.round(Fraction(1, 3))[0]), f"multiple expressions: {rs}")
+# Human output: the shortest decimal that reads back to fp16's 0.00048828125 is 0.0004883.
+rc, out, _ = emu("eval", "0.0004 + 0.25 - 0.25", "--format", "fp16")
+check(rc == 0 and "0.0004883" in out and "0x1000" in out and "INEXACT" in out and len(out.splitlines()) == 1,
+      f"human eval line: {out!r}")
+
+# emu info fp16 (IEEE 754-2008 binary16: max 65504, min normal 2^-14, min subnormal 2^-24).
+[info] = emu_json("info", "fp16")
+expected_info = {"name": "fp16", "exponent_bits": 5, "fraction_bits": 10, "precision": 11, "bias": 15,
+                 "width": 16, "encoding": "ieee", "has_inf": True, "subnormals": True, "emin": -14, "emax": 15,
+                 "max": 65504, "min_normal": 6.103515625e-05, "min_subnormal": 5.960464477539063e-08,
+                 "unit_roundoff": 2.0 ** -11, "epsilon": 2.0 ** -10,
+                 "finite_values": 2 ** 16 - 2 * 2 ** 10 - 1, "finite_encodings": 2 ** 16 - 2 * 2 ** 10}
+for key, value in expected_info.items():
+    check(info.get(key) == value, f"info fp16 {key}: {info.get(key)!r} != {value!r}")
+[info8] = emu_json("info", "fp8-e4m3")
+check(info8["max"] == 448 and info8["encoding"] == "ocp-fn" and info8["has_inf"] is False,
+      f"info fp8-e4m3: {info8}")  # OCP 8-bit FP spec: E4M3 max 448, no infinities
+[info_bf16] = emu_json("info", "bf16")
+check(info_bf16["max"] == float((2 - Fraction(1, 128)) * 2 ** 127), f"info bf16 max {info_bf16['max']}")
+[info_off] = emu_json("info", "fp16", "--subnormals", "off")
+check(info_off["subnormals"] is False, "info --subnormals off")
+rc, out, _ = emu("info", "fp16")
+check(rc == 0 and "65504" in out, "info fp16 for people")
+
+# ---- round: overflow policies, fp8, tiny/huge, hex, double-rounding traps ------------
+
+def round_one(value, fmt, *options):
+    [r] = emu_json("round", value, "--format", fmt, *options)
+    return r
+
+
+r = round_one("70000", "fp16")
+check(r["value"] == "inf" and r["bits"] == "0x7c00" and r["flags"] == ["OFLO", "INEXACT"], f"70000 fp16: {r}")
+r = round_one("70000", "fp16", "--overflow", "saturate")
+check(r["value"] == 65504 and r["bits"] == "0x7bff" and "OFLO" in r["flags"], f"70000 saturate: {r}")
+r = round_one("70000", "fp16", "--overflow", "nan")
+check(r["value"] == "nan" and "OFLO" in r["flags"] and "INV" in r["flags"], f"70000 nan: {r}")
+r = round_one("-70000", "fp16", "--rounding", "rz")
+check(r["value"] == -65504 and r["bits"] == "0xfbff", f"-70000 rz: {r}")
+r = round_one("448", "fp8-e4m3")
+check(r["value"] == 448 and r["bits"] == "0x7e" and r["flags"] == [], f"448 e4m3: {r}")
+r = round_one("464", "fp8-e4m3")  # the tie between 448 and the NaN pattern's place: to even 448
+check(r["value"] == 448 and r["flags"] == ["INEXACT"], f"464 e4m3: {r}")
+r = round_one("480", "fp8-e4m3")
+check(r["value"] == "nan" and r["bits"] == "0x7f", f"480 e4m3: {r}")
+r = round_one("0x1.8p-3", "fp16")
+check(r["value"] == 0.1875 and r["flags"] == [], f"hex-float: {r}")
+r = round_one("0x1.00000000000000000001p0", "fp16", "--rounding", "ru")
+check(r["value"] == 1 + 2 ** -10, f"hex-float beyond double, ru: {r}")
+r = round_one("1e-400", "fp16", "--rounding", "ru")
+check(r["value"] == 2.0 ** -24 and r["flags"] == ["UFLO", "INEXACT"], f"1e-400 ru: {r}")
+r = round_one("1e400", "fp16", "--rounding", "rz")
+check(r["value"] == 65504 and "OFLO" in r["flags"], f"1e400 rz: {r}")
+r = round_one("1e-6", "fp16", "--subnormals", "off")
+check(r["value"] == 0 and r["flags"] == ["UFLO", "INEXACT"], f"subnormals off: {r}")
+for text, expected in [("inf", "inf"), ("-Infinity", "-inf"), ("+INF", "inf"), ("nan", "nan")]:
+    r = round_one(text, "fp16")
+    check(r["value"] == expected and r["flags"] == [], f"{text}: {r}")
+# Just above fp16's tie 1 + 2^-11 (nearest double: the tie itself): rounds up, once.
+r = round_one("1.00048828125000000000000000001", "fp16")
+check(r["bits"] == "0x3c01", f"double-rounding trap fp16: {r}")
+r = round_one("1.00390625000000000000000000001", "bf16")  # bf16 tie 1 + 2^-8
+check(r["bits"] == "0x3f81", f"double-rounding trap bf16: {r}")
+r = round_one("1", "tf32")
+check(r["bits"] == "0x1fc00", f"tf32 bits width: {r}")
+r = round_one("1", "fp64")
+check(r["bits"] == "0x3ff0000000000000", f"fp64 bits: {r}")
+r = round_one("-2", "fp8-e5m2")
+check(r["bits"] == "0xc0", f"fp8-e5m2 bits: {r}")
+# Each value's own flags.
+rs = emu_json("round", "1", "0.1", "70000", "1", "--format", "fp16")
+check([x["flags"] for x in rs] == [[], ["INEXACT"], ["OFLO", "INEXACT"], []], f"per-value flags: {rs}")
+
+# Stochastic rounding: reproducible with a seed, different across seeds, always a neighbour.
+values = [f"{random.Random(5).uniform(-10, 10) + i / 1000:.12f}" for i in range(2000)]
+stdin = "\n".join(values) + "\n"
+runs = {}
+for seed in ("1", "1", "2"):
+    runs.setdefault(seed, []).append(emu_json("round", "-", "--format", "bf16", "--rounding", "sr", "--seed", seed,
+                                              stdin=stdin))
+check(runs["1"][0] == runs["1"][1], "sr with the same seed is reproducible")
+check(runs["1"][0] != runs["2"][0], "sr with another seed differs")
+for text, r in zip(values, runs["2"][0]):
+    x = Fraction(text)
+    down, up = BF16.round(x, "rd")[0], BF16.round(x, "ru")[0]
+    if Fraction(r["value"]) not in (down, up):
+        check(False, f"sr result {r['value']} of {text} is not a neighbour")
+        break
+sr_bits = emu_json("round", "-", "--format", "bf16", "--rounding", "sr", "--sr-bits", "4", "--rng", "ipu",
+                   "--seed", "9", stdin=stdin)
+check(len(sr_bits) == len(values), "sr with --sr-bits 4 --rng ipu")
+
+# ---- 100,000 values on standard input, timed, checked against the oracle -------------
+
+gen = random.Random(20261122)
+texts = []
+for i in range(100_000):
+    kind = i % 4
+    if kind == 0:  # random decimals over fp16's whole range, subnormals and overflow included
+        texts.append(f"{gen.choice('+-')}{gen.randint(1, 10 ** gen.randint(1, 20))}e{gen.randint(-30, 4)}")
+    elif kind == 1:  # plain decimals as people type them
+        texts.append(f"{gen.uniform(-1000, 1000):.{gen.randint(0, 8)}f}")
+    elif kind == 2:  # a hair above or below an fp16 tie: the double-rounding traps
+        b = gen.randint(0, 0x7bfe)
+        e, m = b >> 10, b & 0x3ff
+        v = Fraction(m, 2 ** 24) if e == 0 else Fraction(1024 + m, 2 ** 10) * Fraction(2) ** (e - 15)
+        ulp = Fraction(1, 2 ** 24) if e == 0 else Fraction(2) ** (e - 25)
+        x = v + ulp / 2 + gen.choice([-1, 1]) * Fraction(1, 10 ** 40)
+        digits = 60
+        texts.append(str(x.numerator * 10 ** digits // x.denominator) + f"e-{digits}")
+    else:  # hex-floats
+        texts.append(f"{gen.choice(['', '-'])}0x{gen.randint(1, 2 ** 20):x}p{gen.randint(-40, 0)}")
+stdin = "\n".join(texts) + "\n"
+start = time.perf_counter()
+rc, out, err = emu("round", "-", "--format", "fp16", "--json", stdin=stdin)
+elapsed = time.perf_counter() - start
+print(f"emu round - --format fp16 --json: 100,000 values in {elapsed:.2f} s")
+check(rc == 0, f"100k: exit {rc} {err!r}")
+results = [json.loads(line) for line in out.splitlines()]
+check(len(results) == len(texts), f"100k: {len(results)} result lines")
+bad = 0
+for text, r in zip(texts, results):
+    x = Fraction(float.fromhex(text)) if "0x" in text else Fraction(text)
+    value, flags = FP16.round(x)
+    if r["input"] != text or r["value"] != as_json_value(value) or r["bits"] != f"0x{FP16.bits(value):04x}" \
+            or r["flags"] != ordered(flags):
+        bad += 1
+        if bad <= 5:
+            check(False, f"100k: {text}: got {r}, oracle {as_json_value(value)} 0x{FP16.bits(value):04x} {ordered(flags)}")
+check(bad == 0, f"100k: {bad} results differ from the oracle")
+start = time.perf_counter()
+rc, out, _ = emu("round", "-", "--format", "fp16", stdin=stdin)
+print(f"emu round - --format fp16 (for people): 100,000 values in {time.perf_counter() - start:.2f} s")
+check(rc == 0 and len(out.splitlines()) == len(texts), "100k for people")
+
+# ---- dot and gemm -------------------------------------------------------------------
+
+[r] = emu_json("dot", "--unit", "exact", "--a", "1,2,3", "--b", "4,5,6")
+check(r["value"] == 32 and r["bits"] == "0x42000000" and r["flags"] == [] and r["unit"] == "exact"
+      and r["in"] == "fp16" and r["out"] == "fp32", f"dot exact: {r}")
+# fp16-seq: c <- fl16(a_i * b_i + c), in order; inputs rounded into fp16 first.
+a, b, c = ["0.1", "0.2", "0.3", "1e-4"], ["3", "0.7", "1.1", "5"], "1"
+acc = FP16.round(Fraction(c))[0]
+seq_flags = set()
+for ai, bi in zip(a, b):
+    acc, f = FP16.round(FP16.round(Fraction(ai))[0] * FP16.round(Fraction(bi))[0] + acc)
+    seq_flags |= f
+[r] = emu_json("dot", "--unit", "fp16-seq", "--a", ",".join(a), "--b", ",".join(b), "--c", c)
+check(r["value"] == float(acc) and r["flags"] == ordered(seq_flags) and r["input_flags"] == ["INEXACT"],
+      f"dot fp16-seq: {r}, oracle {float(acc)}")
+
+import os
+import tempfile
+tmp = tempfile.mkdtemp()
+
+
+def write(name, text):
+    path = os.path.join(tmp, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+A = write("A.txt", "0.1 0.2 0.3\n# a comment\n\n1 2 3\n")
+B = write("B.txt", "1 2\n3 4\n5 6.5\n")
+C = write("C.txt", "1 1\n1 1\n")
+rs = emu_json("gemm", "--unit", "exact", A, B, C)
+check(len(rs) == 4 and [(r["row"], r["col"]) for r in rs] == [(0, 0), (0, 1), (1, 0), (1, 1)], f"gemm shape: {rs}")
+FP32 = Fmt(8, 23)
+rows_a = [[FP16.round(Fraction(t))[0] for t in line.split()] for line in ["0.1 0.2 0.3", "1 2 3"]]
+cols_b = list(zip(*[[FP16.round(Fraction(t))[0] for t in line.split()] for line in ["1 2", "3 4", "5 6.5"]]))
+for r in rs:
+    exact = sum(x * y for x, y in zip(rows_a[r["row"]], cols_b[r["col"]])) + 1
+    check(r["value"] == float(FP32.round(exact)[0]), f"gemm element {r}")
+rc, out, _ = emu("gemm", "--unit", "exact", A, B)
+check(rc == 0 and len(out.splitlines()) == 3, f"gemm for people: {out!r}")
+
+# ---- bad input: exit 2 with one line on stderr; never a traceback-like dump ---------
+
+BAD_B = write("bad_B.txt", "1 2\n3\n")
+BAD_NUM = write("bad_num.txt", "1 2\n3 x\n")
+bad_calls = [
+    ([], None), (["frobnicate"], None), (["round", "1"], None), (["round", "1", "--format", "fp17"], None),
+    (["round", "1", "--format", "fp16", "--rounding", "nearest"], None), (["round", "1x", "--format", "fp16"], None),
+    (["round", "1", "--format", "fp16", "--frobnicate"], None), (["round", "1", "--format"], None),
+    (["round", "--format", "fp16"], None), (["round", "-", "--format", "fp16"], "1\n2\n0.3.4\n"),
+    (["round", "1", "--format", "fp16", "--overflow", "wrap"], None),
+    (["round", "1", "--format", "fp16", "--sr-bits", "99"], None),
+    (["round", "1", "--format", "fp16", "--subnormals", "maybe"], None),
+    (["round", "1", "--format", "fp16", "--seed", "x"], None),
+    (["eval", "1 + * 2", "--format", "fp16"], None), (["eval", "(1 + 2", "--format", "fp16"], None),
+    (["eval", "1 +", "--format", "fp16"], None), (["eval", "1 + 2", "--format", "fp99"], None),
+    (["info", "fp99"], None), (["info"], None),
+    (["dot", "--unit", "exact", "--a", "1,2", "--b", "1"], None),
+    (["dot", "--unit", "warp-drive", "--a", "1", "--b", "1"], None),
+    (["dot", "--unit", "exact", "--a", "1,x", "--b", "1,2"], None),
+    (["dot", "--unit", "exact", "--a", "1", "--b", "1", "--in", "fp99"], None),
+    (["dot", "--a", "1", "--b", "1"], None),
+    (["gemm", "--unit", "exact", A, BAD_B], None), (["gemm", "--unit", "exact", A, BAD_NUM], None),
+    (["gemm", "--unit", "exact", A, os.path.join(tmp, "missing.txt")], None),
+    (["gemm", "--unit", "exact", A, A], None), (["gemm", "--unit", "exact", A, B, A], None),
+]
+for args, stdin in bad_calls:
+    rc, out, err = emu(*args, stdin=stdin)
+    check(rc == 2, f"emu {args}: exit {rc}, expected 2 (stderr {err!r})")
+    check(len(err.strip().splitlines()) == 1, f"emu {args}: stderr is not one line: {err!r}")
+rc, _, err = emu("round", "-", "--format", "fp16", stdin="1\n2\n0.3.4\n")
+check("line 3" in err and "0.3.4" in err, f"stdin error names the line and input: {err!r}")
+rc, _, err = emu("eval", "1 + * 2", "--format", "fp16")
+check("column 5" in err, f"syntax error names the column: {err!r}")
+rc, _, err = emu("round", "1", "--format", "fp17")
+check("fp16" in err and "bf16" in err, f"unknown format lists the known ones: {err!r}")
+rc, _, err = emu("gemm", "--unit", "exact", A, BAD_B)
+check("bad_B.txt:2" in err, f"gemm names the file and line: {err!r}")
+
+good_calls = [["--help"], ["round", "--help"], ["eval", "--help"], ["info", "--help"], ["dot", "--help"],
+              ["gemm", "--help"], ["info", "fp8-e5m2"], ["round", "-1.5", "--format", "e4m10"],
+              ["eval", "-(0.1) * 3", "--format", "bf16", "--rounding", "ru"],
+              ["round", "0.1", "--format=fp16", "--rounding=rz"]]
+for args in good_calls:
+    rc, out, err = emu(*args)
+    check(rc == 0 and out and not err, f"emu {args}: exit {rc}, stderr {err!r}")
+
+if failures:
+    print(f"{len(failures)} failure(s)")
+    sys.exit(1)
+print("all emu binary checks passed")
