@@ -1,1 +1,182 @@
-// matmul_accum: being written
+// matmul_accum: how accurately does a matrix unit accumulate long inner products?
+//
+// C = A B (A M x K, B K x N, C starting at zero) through a chosen emu matrix unit,
+// compared element by element with the exactly computed product.
+//  - Inputs come from the run's stream, lane 1, and are rounded (RNE, saturating) into
+//    in_format: uniform01 = U[0, 1); normal = N(0, 1); lognormal = exp(spread * N(0, 1));
+//    sign = positive takes magnitudes, mixed gives each entry a random sign.
+//  - out_format is the unit's partials/output format; "" or "default" = the unit's
+//    natural one (emu/unit.hpp: fp32 for the tensor cores, ipu-amp, exact and fp32-seq;
+//    fp16 for ipu-amp-half and fp16-seq).
+//  - rounding is the context's rounding mode. For the IPU units (ipu-amp, ipu-amp-half)
+//    rounding = sr sets $FP_CTL.ESR (stochastic rounding of the fp16 partials) and
+//    leaves RNE as the default mode, which is how the IPU is driven; stochastic rounding
+//    takes its bits from lane 2. Units that round in a fixed way ignore the mode.
+//  - Relative errors |C - exact| / |exact| over the elements whose exact value is not
+//    zero; u is the unit roundoff of the unit's output (accumulation) format.
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "emu/arith.hpp"
+#include "emu/exact_sum.hpp"
+#include "emu/round.hpp"
+#include "emu/unit.hpp"
+#include "experiment.hpp"
+
+namespace roundoff {
+
+namespace {
+
+bool is_default_format(const std::string& name) { return name.empty() || name == "default"; }
+
+bool is_ipu_unit(emu::UnitKind kind) {
+  return kind == emu::UnitKind::ipu_amp || kind == emu::UnitKind::ipu_amp_half;
+}
+
+std::unique_ptr<emu::MatrixUnit> build_unit(const Params& p) {
+  const std::string& out = p.string("out_format");
+  return emu::make_unit(emu::unit_kind_by_name(p.string("unit")), emu::format_by_name(p.string("in_format")),
+                        is_default_format(out) ? std::nullopt : std::optional<emu::Format>(emu::format_by_name(out)));
+}
+
+double draw(emu::Rng& rng, const std::string& distribution, double spread, bool mixed_sign) {
+  double magnitude = 0;
+  if (distribution == "uniform01")
+    magnitude = rng.uniform();
+  else if (distribution == "normal")
+    magnitude = std::fabs(rng.normal());
+  else  // lognormal
+    magnitude = std::exp(spread * rng.normal());
+  if (mixed_sign && (rng.next_u64() & 1)) return -magnitude;
+  return magnitude;
+}
+
+RunResult run(const Params& p, const RunEnv& env) {
+  const auto unit = build_unit(p);
+  const emu::UnitKind kind = unit->kind();
+  const auto m = static_cast<std::size_t>(p.integer("M"));
+  const auto n = static_cast<std::size_t>(p.integer("N"));
+  const auto k = static_cast<std::size_t>(p.integer("K"));
+  const std::string& distribution = p.string("distribution");
+  const double spread = p.real("spread");
+  const bool mixed = p.string("sign") == "mixed";
+
+  emu::StreamId data_stream = env.stream;
+  data_stream.lane = 1;
+  emu::Rng data(data_stream);
+  const emu::RoundSpec input_rounding{emu::Rounding::rne, emu::Overflow::saturate, 0};
+  auto fill = [&](std::vector<double>& v) {
+    for (double& x : v) {
+      emu::Flags ignored = 0;
+      x = emu::round(unit->input_format(), draw(data, distribution, spread, mixed), input_rounding, nullptr, ignored);
+    }
+  };
+  std::vector<double> A(m * k), B(k * n), C(m * n, 0.0);
+  fill(A);
+  fill(B);
+  if (env.cancelled()) throw Cancelled();
+
+  const emu::Rounding rounding = emu::rounding_by_name(p.string("rounding"));
+  emu::FpControl control;
+  const bool esr = is_ipu_unit(kind) && rounding == emu::Rounding::sr;
+  control.esr = esr;
+  control.rounding = esr ? emu::Rounding::rne : rounding;
+  emu::StreamId rounding_stream = env.stream;
+  rounding_stream.lane = 2;
+  emu::Context ctx(control, emu::Rng(rounding_stream));
+  // Row by row, so that a cancelled run stops soon.
+  for (std::size_t i = 0; i < m; ++i) {
+    if (env.cancelled()) throw Cancelled();
+    unit->gemm(ctx, 1, n, k, A.data() + i * k, k, B.data(), n, C.data() + i * n, n);
+  }
+
+  double max_rel = 0, sum_rel = 0;
+  std::size_t counted = 0, exact_results = 0;
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < n; ++j) {
+      emu::ExactSum sum;
+      for (std::size_t q = 0; q < k; ++q) sum.add_product(A[i * k + q], B[q * n + j]);
+      const emu::Exact x = sum.value();
+      const double c = C[i * n + j];
+      if (c == x.hi && x.lo == 0 && !x.beyond_double) ++exact_results;
+      if (x.hi == 0 && x.lo == 0) continue;  // relative error undefined
+      // |c - x| / |x| to double accuracy: c - hi is exact (Sterbenz) or dominates lo.
+      const double rel = std::fabs((c - x.hi) - x.lo) / std::fabs(x.hi);
+      max_rel = std::max(max_rel, std::isnan(rel) ? std::numeric_limits<double>::infinity() : rel);
+      sum_rel += rel;
+      ++counted;
+    }
+
+  const double u = unit->output_format().unit_roundoff();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  RunResult result;
+  result.metrics["max_rel_error"] = counted ? max_rel : nan;
+  result.metrics["mean_rel_error"] = counted ? sum_rel / static_cast<double>(counted) : nan;
+  result.metrics["frac_exact"] = static_cast<double>(exact_results) / static_cast<double>(m * n);
+  result.metrics["bound_det"] = static_cast<double>(k) * u;
+  result.metrics["bound_prob"] = std::sqrt(static_cast<double>(k)) * u;
+  result.flags = ctx.status();
+  return result;
+}
+
+std::string check_out_format(const ParamValue& v) {
+  const std::string* s = std::get_if<std::string>(&v);
+  if (s && is_default_format(*s)) return "";
+  return check_format_name(v);
+}
+
+// The unit must accept the formats: ask it (e.g. ipu-amp-half refuses an fp32 output).
+std::string check_point(const Params& p) {
+  try {
+    (void)build_unit(p);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const Registration registration(Experiment{
+    "matmul_accum",
+    "accumulation error of C = A B through a matrix unit against the exact product, over K",
+    {
+        {"unit", ParamType::string, std::string("ipu-amp"),
+         "matrix unit: v100 t4 a100 ada l40s h100 h200 b200 ipu-amp ipu-amp-half exact fp32-seq fp16-seq",
+         {}, std::nullopt, std::nullopt, check_unit_name},
+        {"K", ParamType::integer, std::int64_t{256}, "inner dimension (products per result)", {}, 1.0, 16777216.0, {}},
+        {"M", ParamType::integer, std::int64_t{8}, "rows of A and C", {}, 1.0, 4096.0, {}},
+        {"N", ParamType::integer, std::int64_t{8}, "columns of B and C", {}, 1.0, 4096.0, {}},
+        {"distribution", ParamType::string, std::string("uniform01"),
+         "input entries: uniform01 = U[0,1), normal = N(0,1), lognormal = exp(spread * N(0,1))",
+         {"uniform01", "normal", "lognormal"}, std::nullopt, std::nullopt, {}},
+        {"spread", ParamType::real, 1.0, "sigma of the lognormal distribution (other distributions ignore it)", {},
+         0.0, 20.0, {}},
+        {"sign", ParamType::string, std::string("positive"),
+         "positive: magnitudes only; mixed: each entry gets a random sign", {"positive", "mixed"}, std::nullopt,
+         std::nullopt, {}},
+        {"in_format", ParamType::string, std::string("fp16"), "format the inputs are rounded into (RNE, saturating)",
+         {}, std::nullopt, std::nullopt, check_format_name},
+        {"out_format", ParamType::string, std::string("default"),
+         "partials/output format; \"\" or default = the unit's natural one", {}, std::nullopt, std::nullopt,
+         check_out_format},
+        {"rounding", ParamType::string, std::string("rne"),
+         "context rounding mode; sr on ipu-amp/ipu-amp-half sets ESR (stochastic fp16 partials)", {}, std::nullopt,
+         std::nullopt, check_rounding_name},
+    },
+    {
+        {"max_rel_error", "largest |C - exact| / |exact| over the elements (exact != 0)"},
+        {"mean_rel_error", "mean |C - exact| / |exact| over the elements (exact != 0)"},
+        {"frac_exact", "fraction of elements equal to the exact product"},
+        {"bound_det", "deterministic bound K * u (u: unit roundoff of the output format)"},
+        {"bound_prob", "probabilistic bound sqrt(K) * u"},
+    },
+    "mean_rel_error",
+    {},
+    run,
+    check_point,
+});
+
+}  // namespace
+
+}  // namespace roundoff
