@@ -1,1 +1,3 @@
-int main() { return 1; }
+#include "experiments/sweep/cli.hpp"
+
+int main(int argc, char** argv) { return roundoff::sweep::sweep_main(argc, argv); }

@@ -1,0 +1,311 @@
+#include "cli.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "config.hpp"
+#include "h5file.hpp"
+#include "runner.hpp"
+#include "sha256.hpp"
+
+namespace roundoff::sweep {
+namespace {
+
+constexpr int kExitOk = 0, kExitBug = 1, kExitBadInput = 2, kExitInterrupted = 130;
+
+const char* const kUsage =
+    "usage: sweep CONFIG.yaml [-o OUT.h5] [-j N] [--force | --resume] [--dry-run] [--quiet]\n"
+    "       sweep --list\n"
+    "       sweep --describe EXPERIMENT\n"
+    "\n"
+    "Runs every grid point x replica of a YAML config in parallel and writes one HDF5 file\n"
+    "(schema: results/README.md; config keys: configs/README.md).\n"
+    "\n"
+    "  -o, --output OUT   write OUT instead of the config's output (relative to the cwd)\n"
+    "  -j, --jobs N       use N threads (default: all cores)\n"
+    "  --force            overwrite an existing output\n"
+    "  --resume           continue a partial output of the same config\n"
+    "  --dry-run          validate, print the grid size and output path, compute nothing\n"
+    "  --quiet            no progress bar\n"
+    "  --list             list the experiments\n"
+    "  --describe NAME    an experiment's parameters, metrics and traces\n"
+    "\n"
+    "Exit status: 0 ok, 1 internal error (a bug), 2 bad input, 130 interrupted (finished\n"
+    "points are saved; continue with --resume).\n";
+
+struct Arguments {
+  std::optional<std::string> config, output, describe;
+  int jobs = 0;
+  bool force = false, resume = false, dry_run = false, quiet = false, list = false, help = false;
+};
+
+Arguments parse_arguments(int argc, char** argv) {
+  Arguments args;
+  const auto value_of = [&](int& i, const std::string& flag) -> std::string {
+    if (i + 1 >= argc) throw InputError("sweep: " + flag + " needs a value (see sweep --help)");
+    return argv[++i];
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") args.help = true;
+    else if (arg == "--list") args.list = true;
+    else if (arg == "--describe") args.describe = value_of(i, arg);
+    else if (arg == "-o" || arg == "--output") args.output = value_of(i, arg);
+    else if (arg == "-j" || arg == "--jobs") {
+      const std::string text = value_of(i, arg);
+      std::size_t used = 0;
+      long jobs = 0;
+      try {
+        jobs = std::stol(text, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != text.size() || jobs < 1 || jobs > 4096)
+        throw InputError("sweep: -j needs a number of threads from 1 to 4096, got '" + text + "'");
+      args.jobs = static_cast<int>(jobs);
+    } else if (arg == "--force") args.force = true;
+    else if (arg == "--resume") args.resume = true;
+    else if (arg == "--dry-run") args.dry_run = true;
+    else if (arg == "--quiet" || arg == "-q") args.quiet = true;
+    else if (arg.size() > 1 && arg[0] == '-') {
+      const std::vector<std::string> options = {"--output", "--jobs", "--force", "--resume", "--dry-run",
+                                                "--quiet", "--list", "--describe", "--help"};
+      throw InputError("sweep: unknown option '" + arg + "'" + did_you_mean(arg, options) + " (see sweep --help)");
+    } else if (args.config) {
+      throw InputError("sweep: one config at a time (got '" + *args.config + "' and '" + arg + "')");
+    } else {
+      args.config = arg;
+    }
+  }
+  if (args.force && args.resume) throw InputError("sweep: --force and --resume exclude each other");
+  if (!args.help && !args.list && !args.describe && !args.config)
+    throw InputError("sweep: no config given (usage: sweep CONFIG.yaml [options]; see sweep --help)");
+  return args;
+}
+
+void print_list() {
+  std::size_t width = 0;
+  for (const Experiment& e : experiments()) width = std::max(width, e.name.size());
+  for (const Experiment& e : experiments())
+    std::printf("%-*s  %s\n", static_cast<int>(width), e.name.c_str(), e.description.c_str());
+}
+
+std::string limits_text(const ParamSpec& spec) {
+  std::string text;
+  if (!spec.allowed.empty()) {
+    text = "one of:";
+    for (const std::string& a : spec.allowed) text += " " + a;
+  }
+  if (spec.min) text += (text.empty() ? "" : "; ") + std::string(">= ") + to_string(*spec.min);
+  if (spec.max) text += (text.empty() ? "" : "; ") + std::string("<= ") + to_string(*spec.max);
+  return text;
+}
+
+int describe(const std::string& name) {
+  const Experiment* e = find_experiment(name);
+  if (!e) {
+    std::vector<std::string> names;
+    for (const Experiment& x : experiments()) names.push_back(x.name);
+    throw InputError("sweep: --describe: unknown experiment '" + name + "'" + did_you_mean(name, names) + " (see sweep --list)");
+  }
+  std::printf("%s: %s\n\nparameters (name, type, default, meaning):\n", e->name.c_str(), e->description.c_str());
+  for (const ParamSpec& p : e->params) {
+    const std::string limits = limits_text(p);
+    std::printf("  %-14s %-6s %-10s %s%s\n", p.name.c_str(), param_type_name(p.type), to_string(p.default_value).c_str(),
+                p.meaning.c_str(), limits.empty() ? "" : (" [" + limits + "]").c_str());
+  }
+  std::printf("\nmetrics (float64 [points, replicas]; headline: %s):\n", e->headline_metric.c_str());
+  for (const MetricSpec& m : e->metrics) std::printf("  %-18s %s\n", m.name.c_str(), m.meaning.c_str());
+  if (!e->traces.empty()) {
+    std::printf("\ntraces (float64 [points, replicas, T]):\n");
+    for (const TraceSpec& t : e->traces)
+      std::printf("  %-18s %s (x axis: %s)\n", t.name.c_str(), t.meaning.c_str(), t.x_name.c_str());
+  }
+  return kExitOk;
+}
+
+std::string number_text(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", x);
+  return buf;
+}
+
+// Per point: the parameters that differ between points, and mean / std / min / max of the
+// headline metric over replicas (std with n - 1; "-" for one replica).
+void print_summary(const std::string& path) {
+  const SweepSummary s = read_summary(path);
+  std::vector<std::size_t> varied;
+  for (std::size_t k = 0; k < s.param_names.size(); ++k) {
+    const auto& column = s.param_values[k];
+    if (std::any_of(column.begin(), column.end(), [&](const std::string& v) { return v != column.front(); }))
+      varied.push_back(k);
+  }
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> header;
+  header.push_back("point");
+  for (std::size_t k : varied) header.push_back(s.param_names[k]);
+  for (const char* stat : {"mean", "std", "min", "max"}) header.push_back(s.headline_metric + "." + stat);
+  constexpr std::size_t kMaxRows = 40;
+  std::size_t not_shown = 0;
+  for (std::size_t p = 0; p < s.n_points; ++p) {
+    if (!s.done[p]) continue;
+    if (rows.size() == kMaxRows) {
+      ++not_shown;
+      continue;
+    }
+    std::vector<std::string> row{std::to_string(p)};
+    for (std::size_t k : varied) row.push_back(s.param_values[k][p]);
+    const std::vector<double>& v = s.headline[p];
+    double sum = 0, low = INFINITY, high = -INFINITY;
+    bool any_nan = false;
+    for (double x : v) sum += x, low = std::min(low, x), high = std::max(high, x), any_nan = any_nan || std::isnan(x);
+    const double mean = sum / static_cast<double>(v.size());
+    double squares = 0;
+    for (double x : v) squares += (x - mean) * (x - mean);
+    const std::string std_text = v.size() > 1 ? number_text(std::sqrt(squares / static_cast<double>(v.size() - 1))) : "-";
+    if (any_nan) low = high = NAN;
+    row.insert(row.end(), {number_text(mean), std_text, number_text(low), number_text(high)});
+    rows.push_back(std::move(row));
+  }
+  std::vector<std::size_t> width(header.size());
+  for (std::size_t c = 0; c < header.size(); ++c) {
+    width[c] = header[c].size();
+    for (const auto& row : rows) width[c] = std::max(width[c], row[c].size());
+  }
+  std::ostringstream out;
+  out << s.experiment << ": " << s.n_points << " points x " << s.replicas << " replicas (" << s.status << ")\n";
+  for (const auto* row : {&header}) {
+    for (std::size_t c = 0; c < row->size(); ++c) out << (c ? "  " : "") << std::string(width[c] - (*row)[c].size(), ' ') << (*row)[c];
+    out << '\n';
+  }
+  for (const auto& row : rows) {
+    for (std::size_t c = 0; c < row.size(); ++c) out << (c ? "  " : "") << std::string(width[c] - row[c].size(), ' ') << row[c];
+    out << '\n';
+  }
+  if (not_shown) out << "... " << not_shown << " more points (read them with scripts/roundoff_h5.py)\n";
+  out << "output: " << path << '\n';
+  std::cout << out.str() << std::flush;
+}
+
+std::atomic<bool> g_stop_requested{false};
+extern "C" void request_stop(int) { g_stop_requested.store(true); }
+
+// SIGINT and SIGTERM set g_stop_requested while a sweep runs; restored afterwards.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_requested.store(false);
+    struct sigaction action {};
+    action.sa_handler = request_stop;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGINT, &action, &previous_int_);
+    sigaction(SIGTERM, &action, &previous_term_);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &previous_int_, nullptr);
+    sigaction(SIGTERM, &previous_term_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction previous_int_ {}, previous_term_ {};
+};
+
+int run(const Arguments& args) {
+  const SweepPlan plan = load_plan(*args.config, args.output);
+  const std::string sha = sha256_hex(plan.config_text);
+  const std::size_t n_points = plan.points.size();
+
+  if (args.dry_run) {
+    std::printf("%s: %zu points x %u replicas = %zu runs\noutput: %s\n", plan.experiment->name.c_str(), n_points,
+                plan.replicas, n_points * plan.replicas, plan.output.c_str());
+    return kExitOk;
+  }
+
+  const ExistingOutput existing = inspect_output(plan.output);
+  const std::string& out = plan.output;
+  bool resume = false;
+  if (existing.kind != ExistingOutput::Kind::missing && !args.force) {
+    if (existing.kind == ExistingOutput::Kind::not_hdf5)
+      throw InputError("sweep: " + out + " exists and is not an HDF5 file; left untouched (choose another -o, or --force to overwrite)");
+    if (existing.kind == ExistingOutput::Kind::not_roundoff)
+      throw InputError("sweep: " + out + " exists and is not a roundoff sweep output; left untouched (choose another -o, or --force to overwrite)");
+    if (existing.config_sha256 != sha)
+      throw InputError("sweep: " + out + " was written by another config (config_sha256 differs); left untouched " +
+                       (args.resume ? "and not resumed " : "") + "(choose another -o, or --force to overwrite)");
+    if (existing.status == "complete") {
+      std::fprintf(stderr, "sweep: %s is already complete for this config; showing it (--force recomputes)\n", out.c_str());
+      print_summary(out);
+      return kExitOk;
+    }
+    if (!args.resume)
+      throw InputError("sweep: " + out + " holds a partial run of this config; continue it with --resume, or start over with --force");
+    resume = true;
+  }
+
+  RunReport report;
+  {
+    OutputFile output = resume ? OutputFile::open_for_resume(plan) : OutputFile::create(plan, sha);
+    const std::vector<std::uint8_t> done = resume ? output.read_done() : std::vector<std::uint8_t>(n_points, 0);
+    RunOptions options;
+    options.threads = args.jobs;
+    options.progress = !args.quiet && isatty(STDERR_FILENO);
+    StopSignals signals;
+    report = run_plan(plan, output, done, options, g_stop_requested);
+    if (report.complete) output.mark_complete();
+  }
+  if (!report.complete) {
+    std::fprintf(stderr, "sweep: interrupted; %zu of %zu points saved in %s (status partial); continue with: sweep %s --resume%s\n",
+                 report.points_done, report.n_points, out.c_str(), args.config->c_str(),
+                 args.output ? (" -o " + *args.output).c_str() : "");
+    return kExitInterrupted;
+  }
+  print_summary(out);
+  return kExitOk;
+}
+
+std::string one_line(std::string text) {
+  std::replace(text.begin(), text.end(), '\n', ' ');
+  return text;
+}
+
+}  // namespace
+
+int sweep_main(int argc, char** argv) {
+  try {
+    const Arguments args = parse_arguments(argc, argv);
+    if (args.help) {
+      std::fputs(kUsage, stdout);
+      return kExitOk;
+    }
+    if (args.list) {
+      print_list();
+      return kExitOk;
+    }
+    if (args.describe) return describe(*args.describe);
+    return run(args);
+  } catch (const InputError& e) {
+    std::fprintf(stderr, "%s\n", one_line(e.what()).c_str());
+    return kExitBadInput;
+  } catch (const ExperimentFailure& e) {
+    std::fprintf(stderr, "sweep: internal error in an experiment: %s (this is a bug; finished points were saved)\n",
+                 one_line(e.what()).c_str());
+    return kExitBug;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sweep: internal error: %s (this is a bug, unless the file system failed)\n", one_line(e.what()).c_str());
+    return kExitBug;
+  }
+}
+
+}  // namespace roundoff::sweep

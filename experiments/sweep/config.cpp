@@ -1,0 +1,427 @@
+#include "config.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <regex>
+#include <sstream>
+
+namespace roundoff::sweep {
+
+InputError config_error(const std::string& file, int line, int column, const std::string& key_path,
+                        const std::string& message) {
+  return InputError(file + ":" + std::to_string(line) + ":" + std::to_string(column) + ": " + key_path +
+                    ": " + message);
+}
+
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> previous(b.size() + 1), current(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) previous[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    current[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j)
+      current[j] = std::min({previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(previous, current);
+  }
+  return previous[b.size()];
+}
+
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
+  const std::string* best = nullptr;
+  std::size_t best_distance = std::numeric_limits<std::size_t>::max();
+  for (const std::string& c : candidates) {
+    const std::size_t d = edit_distance(word, c);
+    if (d < best_distance) best = &c, best_distance = d;
+  }
+  // Close enough to be a typo: at most a third of the word, and at least one edit allowed.
+  if (best && best_distance <= std::max<std::size_t>(1, word.size() / 3)) return " (did you mean '" + *best + "'?)";
+  return "";
+}
+
+namespace {
+
+std::string join(const std::vector<std::string>& words) {
+  std::string out;
+  for (const std::string& w : words) out += (out.empty() ? "" : ", ") + w;
+  return out;
+}
+
+// What a YAML scalar is under the YAML 1.2 core schema; quoted scalars are strings.
+enum class ScalarKind { null, boolean, integer, real, string };
+
+const char* kind_name(ScalarKind k) {
+  switch (k) {
+    case ScalarKind::null: return "null";
+    case ScalarKind::boolean: return "a bool";
+    case ScalarKind::integer: return "an integer";
+    case ScalarKind::real: return "a float";
+    case ScalarKind::string: return "a string";
+  }
+  return "?";
+}
+
+ScalarKind plain_scalar_kind(const std::string& text) {
+  static const std::regex null_re("~|null|Null|NULL|");
+  static const std::regex bool_re("true|True|TRUE|false|False|FALSE");
+  static const std::regex int_re("[-+]?[0-9]+");
+  static const std::regex real_re(
+      "[-+]?(\\.[0-9]+|[0-9]+(\\.[0-9]*)?)([eE][-+]?[0-9]+)?|[-+]?\\.(inf|Inf|INF)|\\.(nan|NaN|NAN)");
+  if (std::regex_match(text, null_re)) return ScalarKind::null;
+  if (std::regex_match(text, bool_re)) return ScalarKind::boolean;
+  if (std::regex_match(text, int_re)) return ScalarKind::integer;
+  if (std::regex_match(text, real_re)) return ScalarKind::real;
+  return ScalarKind::string;
+}
+
+// A YAML node with the place to report problems at and its key path.
+struct Located {
+  YAML::Node node;
+  YAML::Mark mark;
+  std::string path;
+  YAML::Mark key_mark = YAML::Mark::null_mark();  // where its key is, for mappings' entries
+};
+
+class Reader {
+ public:
+  explicit Reader(std::string file) : file_(std::move(file)) {}
+
+  [[noreturn]] void fail(const YAML::Mark& mark, const std::string& path, const std::string& message) const {
+    const bool known = !mark.is_null();
+    throw config_error(file_, known ? mark.line + 1 : 1, known ? mark.column + 1 : 1, path, message);
+  }
+  [[noreturn]] void fail(const Located& at, const std::string& message) const { fail(at.mark, at.path, message); }
+
+  // The entries of a mapping in file order; keys must be plain names, each at most once.
+  std::vector<std::pair<std::string, Located>> entries(const Located& map) const {
+    std::vector<std::pair<std::string, Located>> out;
+    for (const auto& kv : map.node) {
+      const YAML::Node& key = kv.first;
+      const std::string prefix = map.path.empty() ? "" : map.path + ".";
+      if (!key.IsScalar()) fail(key.Mark(), map.path.empty() ? "config" : map.path, "keys must be plain names");
+      const std::string name = key.Scalar();
+      for (const auto& [seen, at] : out)
+        if (seen == name)
+          fail(key.Mark(), prefix + name,
+               "duplicate key '" + name + "' (first at line " + std::to_string(at.key_mark.line + 1) + ")");
+      // A null value has no place of its own in yaml-cpp: report at its key.
+      const YAML::Mark value_mark = kv.second.IsNull() || kv.second.Mark().is_null() ? key.Mark() : kv.second.Mark();
+      out.emplace_back(name, Located{kv.second, value_mark, prefix + name, key.Mark()});
+    }
+    return out;
+  }
+
+  ScalarKind scalar_kind(const Located& at) const {
+    if (at.node.IsNull()) return ScalarKind::null;
+    if (!at.node.IsScalar()) fail(at, at.node.IsSequence() ? "expected a single value, got a list" : "expected a single value, got a mapping");
+    const std::string& tag = at.node.Tag();
+    if (tag == "?") return plain_scalar_kind(at.node.Scalar());
+    if (tag == "!" || tag == "tag:yaml.org,2002:str") return ScalarKind::string;
+    const std::string core = "tag:yaml.org,2002:";
+    const std::pair<const char*, ScalarKind> core_tags[] = {
+        {"int", ScalarKind::integer}, {"float", ScalarKind::real}, {"bool", ScalarKind::boolean}, {"null", ScalarKind::null}};
+    for (const auto& [suffix, kind] : core_tags)
+      if (tag == core + suffix) {
+        if (plain_scalar_kind(at.node.Scalar()) != kind) fail(at, "'" + at.node.Scalar() + "' is not " + kind_name(kind));
+        return kind;
+      }
+    fail(at, "unsupported YAML tag '" + tag + "' (only plain values, quoted strings and the core !!str !!int !!float !!bool tags)");
+  }
+
+  std::string describe(const Located& at, ScalarKind kind) const {
+    if (kind == ScalarKind::null) return "null (no value)";
+    return "'" + at.node.Scalar() + "' (" + kind_name(kind) + ")";
+  }
+
+  std::int64_t integer(const Located& at) const {
+    const ScalarKind kind = scalar_kind(at);
+    if (kind != ScalarKind::integer) fail(at, "expected an integer, got " + describe(at, kind));
+    std::string text = at.node.Scalar();
+    if (text[0] == '+') text.erase(0, 1);
+    std::int64_t value = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (ec != std::errc() || end != text.data() + text.size()) fail(at, "integer '" + at.node.Scalar() + "' is out of range");
+    return value;
+  }
+
+  std::uint64_t unsigned_integer(const Located& at) const {
+    const ScalarKind kind = scalar_kind(at);
+    if (kind != ScalarKind::integer) fail(at, "expected an integer, got " + describe(at, kind));
+    std::string text = at.node.Scalar();
+    if (text[0] == '-') fail(at, "must be >= 0, got " + text);
+    if (text[0] == '+') text.erase(0, 1);
+    std::uint64_t value = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (ec != std::errc() || end != text.data() + text.size()) fail(at, "'" + at.node.Scalar() + "' is out of range (0 to 2^64-1)");
+    return value;
+  }
+
+  double real(const Located& at) const {
+    const ScalarKind kind = scalar_kind(at);
+    if (kind == ScalarKind::integer) {
+      const std::int64_t i = integer(at);
+      if (static_cast<std::int64_t>(static_cast<double>(i)) != i)
+        fail(at, "integer " + at.node.Scalar() + " is not exactly representable as a float; write it as a float");
+      return static_cast<double>(i);
+    }
+    if (kind != ScalarKind::real) fail(at, "expected a float, got " + describe(at, kind));
+    std::string text = at.node.Scalar();
+    const bool negative = text[0] == '-';
+    if (text[0] == '+' || text[0] == '-') text.erase(0, 1);
+    if (text[0] == '.' && (text[1] == 'i' || text[1] == 'I')) return negative ? -INFINITY : INFINITY;
+    if (text[0] == '.' && (text[1] == 'n' || text[1] == 'N')) return std::numeric_limits<double>::quiet_NaN();
+    double value = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (ec != std::errc() || end != text.data() + text.size()) fail(at, "float '" + at.node.Scalar() + "' is out of range");
+    return negative ? -value : value;
+  }
+
+  bool boolean(const Located& at) const {
+    const ScalarKind kind = scalar_kind(at);
+    if (kind != ScalarKind::boolean) fail(at, "expected true or false, got " + describe(at, kind));
+    return at.node.Scalar()[0] == 't' || at.node.Scalar()[0] == 'T';
+  }
+
+  std::string string(const Located& at) const {
+    const ScalarKind kind = scalar_kind(at);
+    if (kind != ScalarKind::string) fail(at, "expected a string, got " + describe(at, kind));
+    return at.node.Scalar();
+  }
+
+  // One value of a parameter, typed and checked by its spec.
+  ParamValue param_value(const ParamSpec& spec, const Located& at) const {
+    ParamValue value;
+    switch (spec.type) {
+      case ParamType::integer: value = integer(at); break;
+      case ParamType::real: value = real(at); break;
+      case ParamType::string: value = string(at); break;
+      case ParamType::boolean: value = boolean(at); break;
+    }
+    if (const auto* s = std::get_if<std::string>(&value); s && !spec.allowed.empty() &&
+        std::find(spec.allowed.begin(), spec.allowed.end(), *s) == spec.allowed.end())
+      fail(at, "unknown " + spec.name + " '" + *s + "'" + did_you_mean(*s, spec.allowed) + "; allowed: " + join(spec.allowed));
+    if (spec.type == ParamType::integer || spec.type == ParamType::real) {
+      const double x = spec.type == ParamType::integer ? static_cast<double>(std::get<std::int64_t>(value)) : std::get<double>(value);
+      if (spec.min && !(x >= *spec.min)) fail(at, "must be >= " + to_string(*spec.min) + ", got " + at.node.Scalar());
+      if (spec.max && !(x <= *spec.max)) fail(at, "must be <= " + to_string(*spec.max) + ", got " + at.node.Scalar());
+    }
+    if (spec.check)
+      if (const std::string problem = spec.check(value); !problem.empty()) fail(at, problem);
+    return value;
+  }
+
+  const std::string& file() const { return file_; }
+
+ private:
+  std::string file_;
+};
+
+// One varied dimension of the grid: a grid key, or all zip keys together.
+struct Axis {
+  std::vector<std::string> params;                 // one for a grid key; the zip keys for zip
+  std::vector<std::vector<ParamValue>> values;     // [param][index]
+  std::size_t size() const { return values.front().size(); }
+};
+
+const ParamSpec* find_param(const Experiment& e, const std::string& name) {
+  for (const ParamSpec& p : e.params)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+std::vector<std::string> param_names(const Experiment& e) {
+  std::vector<std::string> names;
+  for (const ParamSpec& p : e.params) names.push_back(p.name);
+  return names;
+}
+
+void check_output_directory(const std::string& output, const std::function<void(const std::string&)>& fail) {
+  namespace fs = std::filesystem;
+  const fs::path path(output);
+  if (output.empty()) fail("output path is empty");
+  const fs::path directory = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+  std::error_code ec;
+  if (!fs::is_directory(directory, ec)) fail("directory '" + directory.string() + "' of output '" + output + "' does not exist");
+  if (fs::is_directory(path, ec)) fail("output '" + output + "' is a directory");
+}
+
+}  // namespace
+
+SweepPlan parse_plan(const std::string& config_text, const std::string& config_path,
+                     const std::optional<std::string>& output_override) {
+  const Reader reader(config_path);
+  SweepPlan plan;
+  plan.config_path = config_path;
+  plan.config_text = config_text;
+
+  YAML::Node root;
+  try {
+    root = YAML::Load(config_text);
+  } catch (const YAML::ParserException& e) {
+    throw config_error(config_path, e.mark.line + 1, e.mark.column + 1, "yaml", "syntax error: " + e.msg);
+  }
+  const YAML::Mark top{};  // line 0, column 0: the top of the file
+  if (!root.IsMap()) reader.fail(top, "config", "expected a mapping with at least 'experiment:' and usually 'grid:'");
+
+  const std::vector<std::string> known_keys = {"experiment", "description", "seed", "replicas", "output", "grid", "zip"};
+  std::map<std::string, Located> given;
+  for (auto& [name, at] : reader.entries(Located{root, top, ""})) {
+    if (std::find(known_keys.begin(), known_keys.end(), name) == known_keys.end())
+      reader.fail(at.key_mark, name,
+                  "unknown key '" + name + "'" + did_you_mean(name, known_keys) + "; known keys: " + join(known_keys));
+    given.emplace(name, at);
+  }
+  const auto get = [&](const std::string& name) -> const Located* {
+    const auto it = given.find(name);
+    return it == given.end() ? nullptr : &it->second;
+  };
+
+  const Located* experiment_at = get("experiment");
+  if (!experiment_at) reader.fail(top, "experiment", "missing: name the experiment to run (sweep --list shows them)");
+  const std::string experiment_name = reader.string(*experiment_at);
+  plan.experiment = find_experiment(experiment_name);
+  if (!plan.experiment) {
+    std::vector<std::string> names;
+    for (const Experiment& e : experiments()) names.push_back(e.name);
+    reader.fail(*experiment_at, "unknown experiment '" + experiment_name + "'" + did_you_mean(experiment_name, names) +
+                                    "; known: " + join(names));
+  }
+  const Experiment& experiment = *plan.experiment;
+
+  if (const Located* at = get("description")) {
+    if (!at->node.IsNull() && !at->node.IsScalar()) reader.fail(*at, "expected text");
+    plan.description = at->node.IsNull() ? "" : at->node.Scalar();
+  }
+  if (const Located* at = get("seed")) plan.seed = reader.unsigned_integer(*at);
+  if (const Located* at = get("replicas")) {
+    const std::int64_t replicas = reader.integer(*at);
+    if (replicas < 1) reader.fail(*at, "must be >= 1, got " + std::to_string(replicas));
+    if (static_cast<std::uint64_t>(replicas) > kMaxRuns)
+      reader.fail(*at, "must be <= " + std::to_string(kMaxRuns) + " (the limit on runs per config)");
+    plan.replicas = static_cast<std::uint32_t>(replicas);
+  }
+
+  if (output_override) {
+    plan.output = *output_override;
+    check_output_directory(plan.output, [](const std::string& m) { throw InputError("sweep: -o: " + m); });
+  } else if (const Located* at = get("output")) {
+    plan.output = reader.string(*at);
+    check_output_directory(plan.output, [&](const std::string& m) { reader.fail(*at, m); });
+  } else {
+    plan.output = "results/" + std::filesystem::path(config_path).stem().string() + ".h5";
+    check_output_directory(plan.output, [&](const std::string& m) {
+      reader.fail(top, "output", "default output: " + m + "; create it, set 'output:' or pass -o");
+    });
+  }
+
+  // Grid and zip: the axes, validated value by value.
+  std::vector<Axis> axes;
+  std::map<std::string, const Located*> grid_keys;
+  std::vector<std::pair<std::string, Located>> grid_entries, zip_entries;
+  const Located* grid_at = get("grid");
+  const Located* zip_at = get("zip");
+  const auto unknown_param = [&](const Located& at, const std::string& name) {
+    reader.fail(at.key_mark, at.path,
+                "unknown parameter '" + name + "' of experiment '" + experiment.name + "'" +
+                    did_you_mean(name, param_names(experiment)) + "; its parameters: " + join(param_names(experiment)));
+  };
+  const auto list_values = [&](const ParamSpec& spec, const Located& at) {
+    std::vector<ParamValue> values;
+    std::size_t index = 0;
+    for (const YAML::Node& element : at.node) {
+      const YAML::Mark mark = element.IsNull() || element.Mark().is_null() ? at.mark : element.Mark();
+      values.push_back(reader.param_value(spec, Located{element, mark, at.path + "[" + std::to_string(index++) + "]"}));
+    }
+    if (values.empty()) reader.fail(at, "empty list: give at least one value");
+    return values;
+  };
+  if (grid_at && !grid_at->node.IsNull()) {
+    if (!grid_at->node.IsMap()) reader.fail(*grid_at, "expected a mapping of parameter: value or [values]");
+    grid_entries = reader.entries(*grid_at);
+  }
+  for (const auto& [name, at] : grid_entries) {
+    const ParamSpec* spec = find_param(experiment, name);
+    if (!spec) unknown_param(at, name);
+    if (at.node.IsMap()) reader.fail(at, "expected a value or a list of values, got a mapping");
+    Axis axis{{name}, {at.node.IsSequence() ? list_values(*spec, at) : std::vector<ParamValue>{reader.param_value(*spec, at)}}};
+    axes.push_back(std::move(axis));
+    grid_keys[name] = &at;
+  }
+  if (zip_at && !zip_at->node.IsNull()) {
+    if (!zip_at->node.IsMap()) reader.fail(*zip_at, "expected a mapping of parameter: [values]");
+    zip_entries = reader.entries(*zip_at);
+  }
+  if (!zip_entries.empty()) {
+    Axis zipped;
+    const std::pair<std::string, Located>* first = nullptr;
+    for (const auto& entry : zip_entries) {
+      const auto& [name, at] = entry;
+      const ParamSpec* spec = find_param(experiment, name);
+      if (!spec) unknown_param(at, name);
+      if (const auto it = grid_keys.find(name); it != grid_keys.end())
+        reader.fail(at, "'" + name + "' is also in grid (line " + std::to_string(it->second->key_mark.line + 1) +
+                            "); vary each parameter in one place");
+      if (!at.node.IsSequence()) reader.fail(at, "zip values must be lists (a fixed value belongs under grid)");
+      std::vector<ParamValue> values = list_values(*spec, at);
+      if (first && values.size() != zipped.size())
+        reader.fail(at, "has " + std::to_string(values.size()) + " values but " + first->second.path + " has " +
+                            std::to_string(zipped.size()) + "; zip lists must have equal lengths");
+      if (!first) first = &entry;
+      zipped.params.push_back(name);
+      zipped.values.push_back(std::move(values));
+    }
+    axes.push_back(std::move(zipped));
+  }
+
+  // Size: points x replicas, computed without overflow.
+  const YAML::Mark grid_mark = grid_at ? grid_at->key_mark : zip_at ? zip_at->key_mark : top;
+  const std::string grid_path = grid_at ? "grid" : zip_at ? "zip" : "config";
+  std::uint64_t n_points = 1;  // saturates just above the limit
+  for (const Axis& axis : axes) n_points = std::min<std::uint64_t>(n_points * axis.size(), kMaxRuns + 1);
+  if (n_points * plan.replicas > kMaxRuns)
+    reader.fail(grid_mark, grid_path,
+                (n_points > kMaxRuns ? "more than " + std::to_string(kMaxRuns) + " points"
+                                     : std::to_string(n_points) + " points") +
+                    " x " + std::to_string(plan.replicas) + " replicas is over the limit of " +
+                    std::to_string(kMaxRuns) + " runs per config; split the sweep into several configs");
+
+  // Expansion: the last axis varies fastest.
+  std::map<std::string, ParamValue> defaults;
+  for (const ParamSpec& spec : experiment.params) defaults[spec.name] = spec.default_value;
+  plan.points.reserve(n_points);
+  for (std::uint64_t p = 0; p < n_points; ++p) {
+    std::map<std::string, ParamValue> values = defaults;
+    std::uint64_t rest = p;
+    for (auto axis = axes.rbegin(); axis != axes.rend(); ++axis) {
+      const std::size_t index = rest % axis->size();
+      rest /= axis->size();
+      for (std::size_t k = 0; k < axis->params.size(); ++k) values[axis->params[k]] = axis->values[k][index];
+    }
+    Params point(std::move(values));
+    if (experiment.check_point)
+      if (const std::string problem = experiment.check_point(point); !problem.empty()) {
+        std::string where;
+        for (const Axis& axis : axes)
+          for (const std::string& name : axis.params)
+            where += (where.empty() ? "" : ", ") + name + "=" + to_string(point.at(name));
+        reader.fail(grid_mark, grid_path,
+                    "point " + std::to_string(p) + (where.empty() ? "" : " (" + where + ")") + ": " + problem);
+      }
+    plan.points.push_back(std::move(point));
+  }
+  return plan;
+}
+
+SweepPlan load_plan(const std::string& config_path, const std::optional<std::string>& output_override) {
+  std::ifstream in(config_path, std::ios::binary);
+  if (!in) throw InputError("sweep: cannot read config '" + config_path + "'");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_plan(text.str(), config_path, output_override);
+}
+
+}  // namespace roundoff::sweep

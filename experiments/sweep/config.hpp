@@ -1,0 +1,55 @@
+// A sweep config (YAML) turned into a validated plan: the experiment, the expanded grid
+// of typed parameter points, seed, replicas and output path. Everything is checked here,
+// before anything runs; a problem is reported as FILE:LINE:COLUMN: key.path: message.
+// The schema is documented in configs/README.md.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "experiments/experiment.hpp"
+
+namespace roundoff::sweep {
+
+// The most runs (grid points x replicas) one config may ask for.
+inline constexpr std::uint64_t kMaxRuns = 1'000'000;
+
+// Bad input: a config problem (with its place in the file) or a bad argument.
+class InputError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// line and column are 1-based.
+InputError config_error(const std::string& file, int line, int column, const std::string& key_path,
+                        const std::string& message);
+
+struct SweepPlan {
+  std::string config_path;
+  std::string config_text;  // verbatim
+  const Experiment* experiment = nullptr;
+  std::string description;
+  std::uint64_t seed = 0;
+  std::uint32_t replicas = 1;
+  std::string output;           // as given (relative paths are relative to the cwd)
+  std::vector<Params> points;   // in grid order: grid keys in config order, last fastest,
+                                // then the zip lists as one axis varying fastest of all
+};
+
+// Parses and validates `config_text` (read from `config_path`). `output_override` is the
+// -o argument, which replaces the config's `output`.
+SweepPlan parse_plan(const std::string& config_text, const std::string& config_path,
+                     const std::optional<std::string>& output_override);
+
+// Reads the file, then parse_plan.
+SweepPlan load_plan(const std::string& config_path, const std::optional<std::string>& output_override);
+
+// Levenshtein distance, for "did you mean".
+std::size_t edit_distance(const std::string& a, const std::string& b);
+// " (did you mean 'x'?)" for the closest candidate within a small distance, else "".
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates);
+
+}  // namespace roundoff::sweep

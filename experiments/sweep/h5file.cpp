@@ -1,0 +1,449 @@
+#include "h5file.hpp"
+
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <limits>
+#include <stdexcept>
+
+#include "build_info.hpp"
+#include "emu/status.hpp"
+
+namespace roundoff::sweep {
+
+Hid& Hid::operator=(Hid&& other) noexcept {
+  if (this != &other) {
+    if (id_ >= 0 && close_) close_(id_);
+    id_ = other.id_, close_ = other.close_, other.id_ = -1;
+  }
+  return *this;
+}
+Hid::~Hid() {
+  if (id_ >= 0 && close_) close_(id_);
+}
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+void check(herr_t status, const std::string& what) {
+  if (status < 0) throw std::runtime_error("HDF5: " + what + " failed");
+}
+Hid checked(hid_t id, herr_t (*close)(hid_t), const std::string& what) {
+  if (id < 0) throw std::runtime_error("HDF5: " + what + " failed");
+  return Hid(id, close);
+}
+
+Hid utf8_string_type() {
+  Hid type = checked(H5Tcopy(H5T_C_S1), H5Tclose, "H5Tcopy");
+  check(H5Tset_size(type.get(), H5T_VARIABLE), "H5Tset_size");
+  check(H5Tset_cset(type.get(), H5T_CSET_UTF8), "H5Tset_cset");
+  return type;
+}
+
+Hid simple_space(const std::vector<hsize_t>& dims, const std::vector<hsize_t>& max_dims = {}) {
+  return checked(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), max_dims.empty() ? nullptr : max_dims.data()),
+                 H5Sclose, "H5Screate_simple");
+}
+
+// Creates or overwrites a scalar attribute (overwriting keeps its creation order).
+void write_attribute(hid_t object, const char* name, hid_t file_type, hid_t memory_type, const void* value) {
+  Hid space = checked(H5Screate(H5S_SCALAR), H5Sclose, "H5Screate");
+  Hid attribute = H5Aexists(object, name) > 0
+                      ? checked(H5Aopen(object, name, H5P_DEFAULT), H5Aclose, std::string("open attribute ") + name)
+                      : checked(H5Acreate2(object, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
+                                std::string("create attribute ") + name);
+  check(H5Awrite(attribute.get(), memory_type, value), std::string("write attribute ") + name);
+}
+void write_attribute(hid_t object, const char* name, const std::string& value) {
+  Hid type = utf8_string_type();
+  const char* text = value.c_str();
+  write_attribute(object, name, type.get(), type.get(), &text);
+}
+void write_attribute(hid_t object, const char* name, std::int64_t value) {
+  write_attribute(object, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &value);
+}
+void write_attribute(hid_t object, const char* name, std::uint64_t value) {
+  write_attribute(object, name, H5T_STD_U64LE, H5T_NATIVE_UINT64, &value);
+}
+
+std::string read_string_attribute(hid_t object, const char* name) {
+  if (H5Aexists(object, name) <= 0) return "";
+  Hid attribute = checked(H5Aopen(object, name, H5P_DEFAULT), H5Aclose, std::string("open attribute ") + name);
+  Hid file_type = checked(H5Aget_type(attribute.get()), H5Tclose, "H5Aget_type");
+  if (H5Tget_class(file_type.get()) != H5T_STRING) return "";
+  if (H5Tis_variable_str(file_type.get()) > 0) {
+    Hid type = utf8_string_type();
+    char* text = nullptr;
+    check(H5Aread(attribute.get(), type.get(), &text), std::string("read attribute ") + name);
+    std::string value = text ? text : "";
+    H5free_memory(text);
+    return value;
+  }
+  std::string value(H5Tget_size(file_type.get()), '\0');
+  check(H5Aread(attribute.get(), file_type.get(), value.data()), std::string("read attribute ") + name);
+  return value.substr(0, value.find('\0'));
+}
+
+template <typename T>
+T read_number_attribute(hid_t object, const char* name, hid_t memory_type) {
+  Hid attribute = checked(H5Aopen(object, name, H5P_DEFAULT), H5Aclose, std::string("open attribute ") + name);
+  T value{};
+  check(H5Aread(attribute.get(), memory_type, &value), std::string("read attribute ") + name);
+  return value;
+}
+
+Hid create_group(hid_t parent, const char* name) {
+  Hid gcpl = checked(H5Pcreate(H5P_GROUP_CREATE), H5Pclose, "H5Pcreate");
+  // Creation order tracked so that readers list params and metrics in the experiment's order.
+  check(H5Pset_link_creation_order(gcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED), "link order");
+  return checked(H5Gcreate2(parent, name, H5P_DEFAULT, gcpl.get(), H5P_DEFAULT), H5Gclose, std::string("create group ") + name);
+}
+
+Hid create_dataset(hid_t group, const std::string& name, hid_t file_type, const std::vector<hsize_t>& dims,
+                   const void* fill = nullptr, hid_t fill_type = -1) {
+  Hid dcpl = checked(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, "H5Pcreate");
+  if (fill) check(H5Pset_fill_value(dcpl.get(), fill_type, fill), "H5Pset_fill_value");
+  Hid space = simple_space(dims);
+  return checked(H5Dcreate2(group, name.c_str(), file_type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+                 H5Dclose, "create dataset " + name);
+}
+
+// A chunked, compressed dataset whose last dimension grows; NaN where nothing was written.
+Hid create_growing_dataset(hid_t group, const std::string& name, std::vector<hsize_t> dims, std::vector<hsize_t> chunk) {
+  Hid dcpl = checked(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, "H5Pcreate");
+  check(H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()), "H5Pset_chunk");
+  check(H5Pset_shuffle(dcpl.get()), "H5Pset_shuffle");
+  check(H5Pset_deflate(dcpl.get(), 4), "H5Pset_deflate");
+  check(H5Pset_fill_value(dcpl.get(), H5T_NATIVE_DOUBLE, &kNaN), "H5Pset_fill_value");
+  std::vector<hsize_t> max_dims = dims;
+  max_dims.back() = H5S_UNLIMITED;
+  Hid space = simple_space(dims, max_dims);
+  return checked(H5Dcreate2(group, name.c_str(), H5T_IEEE_F64LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+                 H5Dclose, "create dataset " + name);
+}
+
+Hid open_dataset(hid_t file, const std::string& path) {
+  return checked(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose, "open dataset " + path);
+}
+
+std::vector<hsize_t> dataset_dims(hid_t dataset) {
+  Hid space = checked(H5Dget_space(dataset), H5Sclose, "H5Dget_space");
+  std::vector<hsize_t> dims(static_cast<std::size_t>(H5Sget_simple_extent_ndims(space.get())));
+  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  return dims;
+}
+
+// Writes the block [start, start + count) of a dataset from contiguous memory.
+void write_block(hid_t dataset, hid_t memory_type, const std::vector<hsize_t>& start,
+                 const std::vector<hsize_t>& count, const void* data) {
+  Hid file_space = checked(H5Dget_space(dataset), H5Sclose, "H5Dget_space");
+  check(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr), "select");
+  Hid memory_space = simple_space(count);
+  check(H5Dwrite(dataset, memory_type, memory_space.get(), file_space.get(), H5P_DEFAULT, data), "H5Dwrite");
+}
+
+std::string iso8601_utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return buf;
+}
+
+// Trace chunks: one point, up to 256 replicas, about 256 KiB; fixed by the plan alone so
+// that every run of a config lays the file out the same way.
+std::vector<hsize_t> trace_chunk(hsize_t replicas) {
+  const hsize_t chunk_replicas = std::min<hsize_t>(replicas, 256);
+  return {1, chunk_replicas, std::max<hsize_t>(1, 32768 / chunk_replicas)};
+}
+
+void silence_hdf5_errors() {
+  // Failures are reported by return codes and turned into our own messages.
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
+
+}  // namespace
+
+ExistingOutput inspect_output(const std::string& path) {
+  silence_hdf5_errors();
+  ExistingOutput existing;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec) && !ec) return existing;  // missing
+  if (H5Fis_hdf5(path.c_str()) <= 0) {
+    existing.kind = ExistingOutput::Kind::not_hdf5;
+    return existing;
+  }
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (file < 0) {
+    existing.kind = ExistingOutput::Kind::not_hdf5;
+    return existing;
+  }
+  Hid guard(file, H5Fclose);
+  existing.config_sha256 = read_string_attribute(file, "config_sha256");
+  existing.status = read_string_attribute(file, "status");
+  const bool ours = !existing.config_sha256.empty() && H5Aexists(file, "roundoff_version") > 0 &&
+                    H5Lexists(file, "done", H5P_DEFAULT) > 0;
+  existing.kind = ours ? ExistingOutput::Kind::roundoff : ExistingOutput::Kind::not_roundoff;
+  return existing;
+}
+
+OutputFile OutputFile::create(const SweepPlan& plan, const std::string& config_sha256) {
+  silence_hdf5_errors();
+  const Experiment& experiment = *plan.experiment;
+  const hsize_t n_points = plan.points.size(), replicas = plan.replicas;
+
+  Hid fcpl = checked(H5Pcreate(H5P_FILE_CREATE), H5Pclose, "H5Pcreate");
+  check(H5Pset_link_creation_order(fcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED), "link order");
+  check(H5Pset_attr_creation_order(fcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED), "attribute order");
+  Hid file(H5Fcreate(plan.output.c_str(), H5F_ACC_TRUNC, fcpl.get(), H5P_DEFAULT), H5Fclose);
+  if (file.get() < 0) throw std::runtime_error("cannot create '" + plan.output + "'");
+  const hid_t f = file.get();
+
+  // status first: a file that exists at all says "partial" until mark_complete.
+  write_attribute(f, "status", std::string("partial"));
+  write_attribute(f, "experiment", experiment.name);
+  write_attribute(f, "description", plan.description);
+  write_attribute(f, "config", plan.config_text);
+  write_attribute(f, "config_sha256", config_sha256);
+  write_attribute(f, "roundoff_version", std::string(ROUNDOFF_VERSION));
+  write_attribute(f, "git_commit", std::string(ROUNDOFF_GIT_COMMIT));
+  write_attribute(f, "created", iso8601_utc_now());
+  write_attribute(f, "seed", plan.seed);
+  write_attribute(f, "replicas", static_cast<std::int64_t>(replicas));
+  write_attribute(f, "n_points", static_cast<std::int64_t>(n_points));
+  write_attribute(f, "headline_metric", experiment.headline_metric);
+
+  Hid points = create_group(f, "points");
+  for (const ParamSpec& spec : experiment.params) {
+    Hid dataset;
+    switch (spec.type) {
+      case ParamType::integer: {
+        std::vector<std::int64_t> values;
+        for (const Params& p : plan.points) values.push_back(p.integer(spec.name));
+        dataset = create_dataset(points.get(), spec.name, H5T_STD_I64LE, {n_points});
+        write_block(dataset.get(), H5T_NATIVE_INT64, {0}, {n_points}, values.data());
+        break;
+      }
+      case ParamType::real: {
+        std::vector<double> values;
+        for (const Params& p : plan.points) values.push_back(p.real(spec.name));
+        dataset = create_dataset(points.get(), spec.name, H5T_IEEE_F64LE, {n_points});
+        write_block(dataset.get(), H5T_NATIVE_DOUBLE, {0}, {n_points}, values.data());
+        break;
+      }
+      case ParamType::string: {
+        std::vector<const char*> values;
+        for (const Params& p : plan.points) values.push_back(p.string(spec.name).c_str());
+        Hid type = utf8_string_type();
+        dataset = create_dataset(points.get(), spec.name, type.get(), {n_points});
+        write_block(dataset.get(), type.get(), {0}, {n_points}, values.data());
+        break;
+      }
+      case ParamType::boolean: {
+        std::vector<std::uint8_t> values;
+        for (const Params& p : plan.points) values.push_back(p.boolean(spec.name) ? 1 : 0);
+        dataset = create_dataset(points.get(), spec.name, H5T_STD_U8LE, {n_points});
+        write_block(dataset.get(), H5T_NATIVE_UINT8, {0}, {n_points}, values.data());
+        break;
+      }
+    }
+    write_attribute(dataset.get(), "meaning", spec.meaning);
+    write_attribute(dataset.get(), "type", std::string(param_type_name(spec.type)));
+  }
+
+  Hid metrics = create_group(f, "metrics");
+  for (const MetricSpec& spec : experiment.metrics) {
+    Hid dataset = create_dataset(metrics.get(), spec.name, H5T_IEEE_F64LE, {n_points, replicas}, &kNaN, H5T_NATIVE_DOUBLE);
+    write_attribute(dataset.get(), "meaning", spec.meaning);
+  }
+
+  Hid traces = create_group(f, "traces");
+  for (const TraceSpec& spec : experiment.traces) {
+    const std::vector<hsize_t> chunk = trace_chunk(replicas);
+    Hid y = create_growing_dataset(traces.get(), spec.name, {n_points, replicas, 0}, chunk);
+    write_attribute(y.get(), "meaning", spec.meaning);
+    write_attribute(y.get(), "x", spec.name + "_x");
+    write_attribute(y.get(), "x_name", spec.x_name);
+    Hid x = create_growing_dataset(traces.get(), spec.name + "_x", {n_points, 0}, {1, chunk[1] * chunk[2]});
+    write_attribute(x.get(), "meaning", spec.x_name);
+  }
+
+  Hid flags = create_group(f, "flags");
+  const std::uint8_t zero = 0;
+  for (emu::Flag flag : emu::kAllFlags) {
+    Hid dataset = create_dataset(flags.get(), emu::flag_name(flag), H5T_STD_U8LE, {n_points, replicas}, &zero, H5T_NATIVE_UINT8);
+    write_attribute(dataset.get(), "meaning", std::string("1 where the run ended with the sticky ") + emu::flag_name(flag) + " flag raised");
+  }
+
+  Hid done = create_dataset(f, "done", H5T_STD_U8LE, {n_points}, &zero, H5T_NATIVE_UINT8);
+  write_attribute(done.get(), "meaning", std::string("1 where every replica of the point is written"));
+
+  OutputFile output(plan, std::move(file));
+  output.flush();
+  return output;
+}
+
+OutputFile OutputFile::open_for_resume(const SweepPlan& plan) {
+  silence_hdf5_errors();
+  Hid file(H5Fopen(plan.output.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+  if (file.get() < 0) throw std::runtime_error("cannot open '" + plan.output + "' for writing");
+  const auto n_points = read_number_attribute<std::int64_t>(file.get(), "n_points", H5T_NATIVE_INT64);
+  const auto replicas = read_number_attribute<std::int64_t>(file.get(), "replicas", H5T_NATIVE_INT64);
+  if (static_cast<std::size_t>(n_points) != plan.points.size() || static_cast<std::uint32_t>(replicas) != plan.replicas)
+    throw std::runtime_error("'" + plan.output + "' has another shape than its config describes");
+  return OutputFile(plan, std::move(file));
+}
+
+OutputFile::OutputFile(const SweepPlan& plan, Hid file) : plan_(&plan), file_(std::move(file)) {
+  const hid_t f = file_.get();
+  for (const MetricSpec& spec : plan.experiment->metrics) metric_sets_.push_back(open_dataset(f, "metrics/" + spec.name));
+  for (const TraceSpec& spec : plan.experiment->traces) {
+    trace_sets_.push_back(open_dataset(f, "traces/" + spec.name));
+    trace_x_sets_.push_back(open_dataset(f, "traces/" + spec.name + "_x"));
+  }
+  for (emu::Flag flag : emu::kAllFlags) flag_sets_.push_back(open_dataset(f, std::string("flags/") + emu::flag_name(flag)));
+  done_set_ = open_dataset(f, "done");
+}
+
+std::vector<std::uint8_t> OutputFile::read_done() const {
+  std::vector<std::uint8_t> done(plan_->points.size());
+  check(H5Dread(done_set_.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, done.data()), "read done");
+  return done;
+}
+
+void OutputFile::write_point(std::uint32_t point, const std::vector<RunResult>& results) {
+  const Experiment& experiment = *plan_->experiment;
+  const hsize_t replicas = results.size(), p = point;
+
+  for (std::size_t m = 0; m < experiment.metrics.size(); ++m) {
+    std::vector<double> row;
+    for (const RunResult& r : results) row.push_back(r.metrics.at(experiment.metrics[m].name));
+    write_block(metric_sets_[m].get(), H5T_NATIVE_DOUBLE, {p, 0}, {1, replicas}, row.data());
+  }
+
+  for (std::size_t t = 0; t < experiment.traces.size(); ++t) {
+    const TraceSpec& spec = experiment.traces[t];
+    const Trace* longest = nullptr;
+    for (const RunResult& r : results)
+      if (const auto it = r.traces.find(spec.name); it != r.traces.end() && (!longest || it->second.y.size() > longest->y.size()))
+        longest = &it->second;
+    if (!longest || longest->y.empty()) continue;
+    const hsize_t length = longest->y.size();
+    const hid_t y = trace_sets_[t].get(), x = trace_x_sets_[t].get();
+    std::vector<hsize_t> y_dims = dataset_dims(y);
+    if (length > y_dims[2]) {
+      y_dims[2] = length;
+      check(H5Dset_extent(y, y_dims.data()), "extend trace");
+      const hsize_t x_dims[2] = {y_dims[0], length};
+      check(H5Dset_extent(x, x_dims), "extend trace x");
+    }
+    std::vector<double> block(replicas * length, kNaN);
+    for (hsize_t r = 0; r < replicas; ++r)
+      if (const auto it = results[r].traces.find(spec.name); it != results[r].traces.end())
+        std::copy(it->second.y.begin(), it->second.y.end(), block.begin() + static_cast<std::ptrdiff_t>(r * length));
+    write_block(y, H5T_NATIVE_DOUBLE, {p, 0, 0}, {1, replicas, length}, block.data());
+    std::vector<double> x_row(length, kNaN);
+    std::copy(longest->x.begin(), longest->x.end(), x_row.begin());
+    write_block(x, H5T_NATIVE_DOUBLE, {p, 0}, {1, length}, x_row.data());
+  }
+
+  for (std::size_t k = 0; k < std::size(emu::kAllFlags); ++k) {
+    std::vector<std::uint8_t> row;
+    for (const RunResult& r : results) row.push_back((r.flags & emu::kAllFlags[k]) ? 1 : 0);
+    write_block(flag_sets_[k].get(), H5T_NATIVE_UINT8, {p, 0}, {1, replicas}, row.data());
+  }
+
+  const std::uint8_t one = 1;
+  write_block(done_set_.get(), H5T_NATIVE_UINT8, {p}, {1}, &one);
+}
+
+void OutputFile::flush() { check(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL), "H5Fflush"); }
+
+void OutputFile::mark_complete() {
+  flush();
+  write_attribute(file_.get(), "status", std::string("complete"));
+  flush();
+}
+
+namespace {
+
+// HDF5 1.12 renamed the link iteration API; Debian 12 ships 1.10.
+#if H5_VERSION_GE(1, 12, 0)
+using LinkInfo = H5L_info2_t;
+#define ROUNDOFF_H5_LITERATE H5Literate2
+#define ROUNDOFF_H5_RECLAIM(type, space, data) H5Treclaim(type, space, H5P_DEFAULT, data)
+#else
+using LinkInfo = H5L_info_t;
+#define ROUNDOFF_H5_LITERATE H5Literate
+#define ROUNDOFF_H5_RECLAIM(type, space, data) H5Dvlen_reclaim(type, space, H5P_DEFAULT, data)
+#endif
+
+herr_t collect_link_name(hid_t, const char* name, const LinkInfo*, void* names) {
+  static_cast<std::vector<std::string>*>(names)->push_back(name);
+  return 0;
+}
+
+std::vector<std::string> read_param_column(hid_t dataset, const std::string& type, std::size_t n) {
+  std::vector<std::string> column;
+  if (type == "int") {
+    std::vector<std::int64_t> values(n);
+    check(H5Dread(dataset, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), "read points");
+    for (std::int64_t v : values) column.push_back(std::to_string(v));
+  } else if (type == "float") {
+    std::vector<double> values(n);
+    check(H5Dread(dataset, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), "read points");
+    for (double v : values) column.push_back(to_string(ParamValue(v)));
+  } else if (type == "bool") {
+    std::vector<std::uint8_t> values(n);
+    check(H5Dread(dataset, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), "read points");
+    for (std::uint8_t v : values) column.push_back(v ? "true" : "false");
+  } else {
+    Hid string_type = utf8_string_type();
+    std::vector<char*> values(n);
+    check(H5Dread(dataset, string_type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), "read points");
+    for (char* v : values) column.push_back(v ? v : "");
+    Hid space = checked(H5Dget_space(dataset), H5Sclose, "H5Dget_space");
+    ROUNDOFF_H5_RECLAIM(string_type.get(), space.get(), values.data());
+  }
+  return column;
+}
+
+}  // namespace
+
+SweepSummary read_summary(const std::string& path) {
+  silence_hdf5_errors();
+  Hid file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (file.get() < 0) throw std::runtime_error("cannot open '" + path + "'");
+  const hid_t f = file.get();
+  SweepSummary summary;
+  summary.experiment = read_string_attribute(f, "experiment");
+  summary.headline_metric = read_string_attribute(f, "headline_metric");
+  summary.status = read_string_attribute(f, "status");
+  summary.n_points = static_cast<std::uint64_t>(read_number_attribute<std::int64_t>(f, "n_points", H5T_NATIVE_INT64));
+  summary.replicas = static_cast<std::uint64_t>(read_number_attribute<std::int64_t>(f, "replicas", H5T_NATIVE_INT64));
+
+  Hid points = checked(H5Gopen2(f, "points", H5P_DEFAULT), H5Gclose, "open /points");
+  check(ROUNDOFF_H5_LITERATE(points.get(), H5_INDEX_CRT_ORDER, H5_ITER_INC, nullptr, collect_link_name, &summary.param_names),
+        "list /points");
+  for (const std::string& name : summary.param_names) {
+    Hid dataset = open_dataset(points.get(), name);
+    summary.param_values.push_back(read_param_column(dataset.get(), read_string_attribute(dataset.get(), "type"), summary.n_points));
+  }
+
+  std::vector<double> headline(summary.n_points * summary.replicas, kNaN);
+  if (!summary.headline_metric.empty()) {
+    Hid dataset = open_dataset(f, "metrics/" + summary.headline_metric);
+    check(H5Dread(dataset.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, headline.data()), "read headline metric");
+  }
+  for (std::uint64_t p = 0; p < summary.n_points; ++p)
+    summary.headline.emplace_back(headline.begin() + static_cast<std::ptrdiff_t>(p * summary.replicas),
+                                  headline.begin() + static_cast<std::ptrdiff_t>((p + 1) * summary.replicas));
+  summary.done.resize(summary.n_points);
+  Hid done = open_dataset(f, "done");
+  check(H5Dread(done.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, summary.done.data()), "read done");
+  return summary;
+}
+
+}  // namespace roundoff::sweep

@@ -1,0 +1,83 @@
+// The sweep's output file (HDF5 C API). Layout, documented in results/README.md:
+//   /                 attributes experiment, description, config, config_sha256,
+//                     roundoff_version, git_commit, created, seed, replicas, n_points,
+//                     headline_metric, status ("partial" until the very end, then "complete")
+//   /points/<param>   [P] int64 | float64 | UTF-8 string | uint8 (bool); attrs meaning, type
+//   /metrics/<name>   [P, R] float64, NaN until written; attr meaning
+//   /traces/<name>    [P, R, T] float64, chunked + gzip, NaN-padded; attrs meaning, x, x_name
+//   /traces/<name>_x  [P, T] float64: the x axis of each point's trace; attr meaning
+//   /flags/<FLAG>     [P, R] uint8 for OFLO DIV0 INV UFLO INEXACT
+//   /done             [P] uint8
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config.hpp"
+
+namespace roundoff::sweep {
+
+// An HDF5 identifier closed when it goes out of scope.
+class Hid {
+ public:
+  Hid() = default;
+  Hid(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  Hid(Hid&& other) noexcept : id_(other.id_), close_(other.close_) { other.id_ = -1; }
+  Hid& operator=(Hid&& other) noexcept;
+  Hid(const Hid&) = delete;
+  Hid& operator=(const Hid&) = delete;
+  ~Hid();
+  hid_t get() const { return id_; }
+
+ private:
+  hid_t id_ = -1;
+  herr_t (*close_)(hid_t) = nullptr;
+};
+
+// What is already at an output path.
+struct ExistingOutput {
+  enum class Kind { missing, not_hdf5, not_roundoff, roundoff } kind = Kind::missing;
+  std::string config_sha256;  // for roundoff files
+  std::string status;         // "partial" or "complete"
+};
+ExistingOutput inspect_output(const std::string& path);
+
+class OutputFile {
+ public:
+  // Creates (truncating) the file with every dataset, status "partial", and flushes it.
+  static OutputFile create(const SweepPlan& plan, const std::string& config_sha256);
+  // Opens a partial file of the same plan to continue it.
+  static OutputFile open_for_resume(const SweepPlan& plan);
+
+  std::vector<std::uint8_t> read_done() const;
+  // Writes every replica's result of one point, then marks it done (not yet flushed).
+  void write_point(std::uint32_t point, const std::vector<RunResult>& replicas);
+  void flush();
+  // Sets status "complete" and flushes: call only after the last point is written.
+  void mark_complete();
+
+ private:
+  OutputFile(const SweepPlan& plan, Hid file);
+  const SweepPlan* plan_;
+  Hid file_;
+  // Open once: per-point writes would otherwise spend most of their time opening datasets.
+  std::vector<Hid> metric_sets_, trace_sets_, trace_x_sets_, flag_sets_;  // in spec order
+  Hid done_set_;
+};
+
+// What the summary table shows, read back from a file.
+struct SweepSummary {
+  std::string experiment, headline_metric, status;
+  std::uint64_t n_points = 0, replicas = 0;
+  std::vector<std::string> param_names;                 // in the experiment's order
+  std::vector<std::vector<std::string>> param_values;   // [param][point], as spelled
+  std::vector<std::vector<double>> headline;            // [point][replica]
+  std::vector<std::uint8_t> done;                       // [point]
+};
+SweepSummary read_summary(const std::string& path);
+
+}  // namespace roundoff::sweep

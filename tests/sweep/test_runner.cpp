@@ -1,0 +1,208 @@
+// The sweep runner in-process, against a test experiment registered here ("test_walk": a
+// random walk with a trace), so that every runner path can be driven deterministically:
+// grid order, typed /points, placement of each (point, replica) by its own stream,
+// NaN-padded traces, determinism across -j, interrupt and resume, experiment failures.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <thread>
+
+#include "emu/rng.hpp"
+#include "experiments/experiment.hpp"
+#include "experiments/sweep/cli.hpp"
+#include "support.hpp"
+
+namespace {
+
+using namespace roundoff;
+using sweep_test::TempDir;
+
+// Point index at which replica 0 raises SIGINT itself (-1: never), and at which a run throws.
+std::atomic<long> g_interrupt_at_point{-1};
+std::atomic<long> g_fail_at_point{-1};
+
+// The oracle of test_walk: start + sum of (u_k - 1/2) over the stream's uniforms.
+std::vector<double> walk(double start, std::int64_t n, emu::StreamId stream) {
+  emu::Rng rng(stream);
+  std::vector<double> path{start};
+  for (std::int64_t k = 1; k <= n; ++k) path.push_back(path.back() + (rng.uniform() - 0.5));
+  return path;
+}
+
+RunResult run_walk(const Params& p, const RunEnv& env) {
+  const std::vector<double> path = walk(p.real("start"), p.integer("n"), env.stream);
+  if (p.integer("sleep_ms") > 0) std::this_thread::sleep_for(std::chrono::milliseconds(p.integer("sleep_ms")));
+  if (env.stream.point == g_interrupt_at_point.load() && env.stream.replica == 0) std::raise(SIGINT);
+  if (env.stream.point == g_fail_at_point.load()) throw std::runtime_error("deliberate failure");
+  RunResult r;
+  r.metrics = {{"final", path.back()}, {"length", static_cast<double>(path.size())}};
+  if (p.boolean("trace")) {
+    Trace t;
+    for (std::size_t k = 0; k < path.size(); ++k) t.x.push_back(static_cast<double>(k));
+    t.y = path;
+    r.traces["walk"] = t;
+  }
+  r.flags = p.string("label") == "b" ? emu::INEXACT : 0;
+  return r;
+}
+
+Experiment walk_experiment() {
+  Experiment e;
+  e.name = "test_walk";
+  e.description = "test only: a random walk of n uniform steps";
+  ParamSpec n{"n", ParamType::integer, std::int64_t{5}, "steps of the walk", {}, 1.0, 1e6, {}};
+  ParamSpec start{"start", ParamType::real, 0.0, "start of the walk", {}, {}, {}, {}};
+  ParamSpec label{"label", ParamType::string, std::string("a"), "a label (b raises INEXACT)", {"a", "b", "long name"}, {}, {}, {}};
+  ParamSpec trace{"trace", ParamType::boolean, true, "record the walk", {}, {}, {}, {}};
+  ParamSpec sleep{"sleep_ms", ParamType::integer, std::int64_t{0}, "sleep per run", {}, 0.0, {}, {}};
+  e.params = {n, start, label, trace, sleep};
+  e.metrics = {{"final", "end of the walk"}, {"length", "points of the walk"}};
+  e.headline_metric = "final";
+  e.traces = {{"walk", "the walk", "step"}};
+  e.run = run_walk;
+  return e;
+}
+const Registration registration(walk_experiment());
+
+int run_sweep(std::vector<std::string> args) {
+  args.insert(args.begin(), "sweep");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  return roundoff::sweep::sweep_main(static_cast<int>(argv.size()), argv.data());
+}
+
+std::string config(const TempDir& dir, const std::string& name, const std::string& body) {
+  const std::string path = dir / (name + ".yaml");
+  sweep_test::write_file(path, "experiment: test_walk\noutput: " + (dir / (name + ".h5")) + "\n" + body);
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("grid order, typed points, placement by stream, NaN-padded traces", "[sweep]") {
+  TempDir dir;
+  const std::string cfg = config(dir, "grid", "seed: 7\nreplicas: 3\ngrid:\n  label: [a, long name]\n  n: [2, 6]\n  start: 1\n");
+  REQUIRE(run_sweep({cfg, "--quiet", "-j", "2"}) == 0);
+  const std::string out = dir / "grid.h5";
+
+  // Last grid key varies fastest; strings as spelled; an int given for a float is a float.
+  CHECK(sweep_test::string_dataset(out, "points/label") == std::vector<std::string>{"a", "a", "long name", "long name"});
+  CHECK(sweep_test::read_dataset<std::int64_t>(out, "points/n") == std::vector<std::int64_t>{2, 6, 2, 6});
+  CHECK(sweep_test::read_dataset<double>(out, "points/start") == std::vector<double>{1, 1, 1, 1});
+  CHECK(sweep_test::read_dataset<std::uint8_t>(out, "points/trace") == std::vector<std::uint8_t>{1, 1, 1, 1});
+  CHECK(sweep_test::read_dataset<std::int64_t>(out, "points/sleep_ms") == std::vector<std::int64_t>{0, 0, 0, 0});
+  CHECK(sweep_test::string_attribute(out, "/", "status") == "complete");
+  CHECK(sweep_test::string_attribute(out, "/", "config") == sweep_test::read_file(cfg));
+  CHECK(sweep_test::string_attribute(out, "/traces/walk", "x") == "walk_x");
+  CHECK(sweep_test::string_attribute(out, "/traces/walk", "x_name") == "step");
+  CHECK(sweep_test::string_attribute(out, "/metrics/final", "meaning") == "end of the walk");
+
+  const auto final = sweep_test::read_dataset<double>(out, "metrics/final");
+  const auto trace = sweep_test::read_dataset<double>(out, "traces/walk");
+  const auto trace_x = sweep_test::read_dataset<double>(out, "traces/walk_x");
+  CHECK(sweep_test::dataset_shape(out, "traces/walk") == std::vector<hsize_t>{4, 3, 7});
+  const std::int64_t ns[] = {2, 6, 2, 6};
+  for (std::uint32_t p = 0; p < 4; ++p) {
+    for (std::uint32_t r = 0; r < 3; ++r) {
+      const std::vector<double> expected = walk(1.0, ns[p], emu::StreamId{7, p, r, 0});
+      CHECK(final[p * 3 + r] == expected.back());
+      for (std::size_t k = 0; k < 7; ++k) {
+        const double y = trace[(p * 3 + r) * 7 + k];
+        if (k < expected.size()) CHECK(y == expected[k]);
+        else CHECK(std::isnan(y));
+      }
+    }
+    for (std::size_t k = 0; k < 7; ++k) {
+      if (k <= static_cast<std::size_t>(ns[p])) CHECK(trace_x[p * 7 + k] == static_cast<double>(k));
+      else CHECK(std::isnan(trace_x[p * 7 + k]));
+    }
+  }
+  const auto inexact = sweep_test::read_dataset<std::uint8_t>(out, "flags/INEXACT");
+  CHECK(std::count(inexact.begin(), inexact.end(), 1) == 0);  // label b not in this grid
+  CHECK(sweep_test::read_dataset<std::uint8_t>(out, "done") == std::vector<std::uint8_t>{1, 1, 1, 1});
+}
+
+TEST_CASE("zip lists vary together, crossed with grid, after it", "[sweep]") {
+  TempDir dir;
+  const std::string cfg = config(dir, "zip", "grid:\n  label: [a, b]\nzip:\n  n: [2, 3]\n  start: [0.5, 1.5]\n");
+  REQUIRE(run_sweep({cfg, "--quiet"}) == 0);
+  const std::string out = dir / "zip.h5";
+  CHECK(sweep_test::string_dataset(out, "points/label") == std::vector<std::string>{"a", "a", "b", "b"});
+  CHECK(sweep_test::read_dataset<std::int64_t>(out, "points/n") == std::vector<std::int64_t>{2, 3, 2, 3});
+  CHECK(sweep_test::read_dataset<double>(out, "points/start") == std::vector<double>{0.5, 1.5, 0.5, 1.5});
+  CHECK(sweep_test::read_dataset<std::uint8_t>(out, "flags/INEXACT") == std::vector<std::uint8_t>{0, 0, 1, 1});
+}
+
+TEST_CASE("-j1 and -j2 write identical files", "[sweep]") {
+  TempDir dir;
+  const std::string cfg = config(dir, "jobs", "seed: 3\nreplicas: 5\ngrid:\n  n: [1, 10, 100, 7, 3, 50]\n  label: [a, b]\n");
+  REQUIRE(run_sweep({cfg, "--quiet", "-j", "1", "-o", dir / "one.h5"}) == 0);
+  REQUIRE(run_sweep({cfg, "--quiet", "-j", "2", "-o", dir / "two.h5"}) == 0);
+  CHECK(sweep_test::first_difference(dir / "one.h5", dir / "two.h5") == "");
+}
+
+TEST_CASE("interrupt saves finished points; resume ends identical to an uninterrupted run", "[sweep]") {
+  TempDir dir;
+  const std::string body = "seed: 11\nreplicas: 2\ngrid:\n  n: [3, 9, 27, 81]\n  start: [0, 1, 2, 3, 4]\n";
+  const std::string cfg = config(dir, "run", body);
+  const std::string out = dir / "run.h5";
+  g_interrupt_at_point = 5;
+  const int interrupted = run_sweep({cfg, "--quiet", "-j", "1"});
+  g_interrupt_at_point = -1;
+  REQUIRE(interrupted == 130);
+  CHECK(sweep_test::string_attribute(out, "/", "status") == "partial");
+  const auto done = sweep_test::read_dataset<std::uint8_t>(out, "done");
+  const auto n_done = std::count(done.begin(), done.end(), 1);
+  CHECK(n_done > 0);
+  CHECK(n_done < 20);
+
+  CHECK(run_sweep({cfg, "--quiet"}) == 2);  // partial without --resume
+  REQUIRE(run_sweep({cfg, "--quiet", "--resume", "-j", "2"}) == 0);
+  CHECK(sweep_test::string_attribute(out, "/", "status") == "complete");
+
+  // The uninterrupted reference: the same config text, so the same config_sha256.
+  TempDir other;
+  const std::string reference_cfg = other / "run.yaml";
+  sweep_test::write_file(reference_cfg, sweep_test::read_file(cfg));
+  REQUIRE(run_sweep({reference_cfg, "--quiet", "-o", other / "reference.h5"}) == 0);
+  CHECK(sweep_test::first_difference(out, other / "reference.h5") == "");
+}
+
+TEST_CASE("a failing experiment exits 1 and leaves a partial file", "[sweep]") {
+  TempDir dir;
+  const std::string cfg = config(dir, "fail", "grid:\n  n: [1, 2, 3, 4]\n");
+  g_fail_at_point = 2;
+  const int status = run_sweep({cfg, "--quiet", "-j", "1"});
+  g_fail_at_point = -1;
+  CHECK(status == 1);
+  CHECK(sweep_test::string_attribute(dir / "fail.h5", "/", "status") == "partial");
+}
+
+TEST_CASE("existing outputs: refused, resumed or reported, never clobbered", "[sweep]") {
+  TempDir dir;
+  const std::string cfg = config(dir, "out", "grid:\n  n: [1, 2]\n");
+  const std::string out = dir / "out.h5";
+
+  sweep_test::write_file(out, "not an HDF5 file\n");
+  CHECK(run_sweep({cfg, "--quiet"}) == 2);
+  CHECK(sweep_test::read_file(out) == "not an HDF5 file\n");
+
+  REQUIRE(run_sweep({cfg, "--quiet", "--force"}) == 0);
+  const std::string complete = sweep_test::read_file(out);
+  CHECK(run_sweep({cfg, "--quiet"}) == 0);  // its own complete output: reported, untouched
+  CHECK(sweep_test::read_file(out) == complete);
+  CHECK(run_sweep({cfg, "--quiet", "--resume"}) == 0);
+  CHECK(sweep_test::read_file(out) == complete);
+
+  const std::string other = config(dir, "other", "grid:\n  n: [1, 2, 3]\n");
+  CHECK(run_sweep({other, "--quiet", "-o", out}) == 2);  // another config's output
+  CHECK(run_sweep({other, "--quiet", "-o", out, "--resume"}) == 2);
+  CHECK(sweep_test::read_file(out) == complete);
+  CHECK(run_sweep({cfg, "--force", "--resume"}) == 2);
+
+  CHECK(run_sweep({cfg, "--dry-run", "-o", dir / "dry.h5"}) == 0);
+  CHECK_FALSE(std::filesystem::exists(dir / "dry.h5"));
+}
