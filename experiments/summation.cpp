@@ -1,1 +1,185 @@
-// summation: being written
+// summation: n terms of a series summed in a format, recursively (one running sum),
+// pairwise or with Kahan's compensation, every operation rounded in the format. The
+// classic experiment behind the error growth of round-to-nearest (~ n u, and stagnation)
+// versus stochastic rounding (~ sqrt(n) u).
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "emu/arith.hpp"
+#include "emu/exact_sum.hpp"
+#include "emu/format.hpp"
+#include "experiment.hpp"
+#include "running_value.hpp"
+
+namespace roundoff {
+
+namespace {
+
+constexpr double kUndefined = std::numeric_limits<double>::quiet_NaN();
+constexpr std::int64_t kPollMask = 4095;  // poll cancellation every 4096 terms
+// Random data comes from this lane of the run's stream; stochastic rounding uses lane 0
+// (RunEnv::stream as given), so the terms do not depend on the rounding mode.
+constexpr std::uint16_t kDataLane = 1;
+
+// Fills `terms` with exact_term(k), k = 1..n, each rounded once (rne) into the format.
+template <typename ExactTerm>
+void fill_terms(std::vector<double>& terms, const emu::Format& format, emu::Context& ctx, ExactTerm exact_term) {
+  for (std::size_t k = 1; k <= terms.size(); ++k) {
+    const emu::Exact exact = exact_term(k);
+    terms[k - 1] = ctx.round_with(emu::Rounding::rne, format, exact, "convert", {exact.hi});
+  }
+}
+
+// The n terms in the format: harmonic 1/k from its exact quotient, uniform01 and normal
+// from their double samples (53-bit uniforms; Box-Muller normals), constant = value.
+std::vector<double> make_terms(const Params& p, const emu::Format& format, emu::Context& ctx, const RunEnv& env) {
+  const std::string& series = p.string("series");
+  emu::StreamId data_stream = env.stream;
+  data_stream.lane = kDataLane;
+  emu::Rng data(data_stream);
+  std::vector<double> terms(static_cast<std::size_t>(p.integer("n")));
+  if (series == "harmonic")
+    fill_terms(terms, format, ctx, [](std::size_t k) { return emu::exact_div(1.0, static_cast<double>(k)); });
+  else if (series == "uniform01")
+    fill_terms(terms, format, ctx, [&data](std::size_t) { return emu::Exact{data.uniform()}; });
+  else if (series == "normal")
+    fill_terms(terms, format, ctx, [&data](std::size_t) { return emu::Exact{data.normal()}; });
+  else
+    fill_terms(terms, format, ctx, [value = p.real("value")](std::size_t) { return emu::Exact{value}; });
+  return terms;
+}
+
+// Pairwise (cascade) summation: halve, sum each half, add the two sums.
+double pairwise_sum(emu::Context& ctx, const emu::Format& format, std::span<const double> terms, const RunEnv& env) {
+  if (terms.size() == 1) return terms[0];
+  if (terms.size() > 4096 && env.cancelled()) throw Cancelled();
+  const std::size_t half = terms.size() / 2;
+  const double left = pairwise_sum(ctx, format, terms.first(half), env);
+  const double right = pairwise_sum(ctx, format, terms.subspan(half), env);
+  return ctx.add(format, left, right);
+}
+
+RunResult run_summation(const Params& p, const RunEnv& env) {
+  const emu::Format format = emu::format_by_name(p.string("format"));
+  emu::FpControl control;
+  control.rounding = emu::rounding_by_name(p.string("rounding"));
+  control.sr_bits = static_cast<int>(p.integer("sr_bits"));
+  emu::Context ctx(control, emu::Rng(env.stream));
+
+  const std::vector<double> terms = make_terms(p, format, ctx, env);
+  const auto n = static_cast<std::int64_t>(terms.size());
+  const std::string& algorithm = p.string("algorithm");
+
+  // The running sum s_k after term k (recursive and kahan); pairwise has none.
+  RunningValue partial(0.0, n, algorithm == "pairwise" ? 0 : p.integer("trace_every"));
+  double sum = 0.0;
+  if (algorithm == "pairwise") {
+    sum = pairwise_sum(ctx, format, terms, env);
+  } else if (algorithm == "kahan") {
+    // Kahan: c carries what the last addition lost; every operation is in the format.
+    double compensation = 0.0;
+    for (std::int64_t k = 1; k <= n; ++k) {
+      const double corrected = ctx.sub(format, terms[k - 1], compensation);
+      const double next = ctx.add(format, sum, corrected);
+      compensation = ctx.sub(format, ctx.sub(format, next, sum), corrected);
+      sum = next;
+      partial.update(k, sum);
+      if ((k & kPollMask) == 0 && env.cancelled()) throw Cancelled();
+    }
+  } else {
+    for (std::int64_t k = 1; k <= n; ++k) {
+      sum = ctx.add(format, sum, terms[k - 1]);
+      partial.update(k, sum);
+      if ((k & kPollMask) == 0 && env.cancelled()) throw Cancelled();
+    }
+  }
+
+  // The exact sum of the rounded terms (a long fixed-point accumulator: no rounding at
+  // all), reported as its nearest double; the error is formed exactly, then rounded once.
+  emu::ExactSum exact;
+  for (double t : terms) exact.add(t);
+  const double exact_value = exact.value().hi;
+  emu::ExactSum error = exact;
+  error.add(-sum);
+  const double abs_error = std::fabs(error.value().hi);
+
+  RunResult r;
+  r.metrics = {
+      {"final", sum},
+      {"exact", exact_value},
+      {"abs_error", abs_error},
+      {"rel_error", exact_value != 0 ? abs_error / std::fabs(exact_value) : kUndefined},
+      {"stagnation_step",
+       algorithm == "pairwise" ? kUndefined : static_cast<double>(partial.stagnation_step())},
+      {"n", static_cast<double>(n)},
+  };
+  if (partial.has_trace()) r.traces["sum"] = partial.trace();
+  r.flags = ctx.status();
+  return r;
+}
+
+Experiment summation_experiment() {
+  Experiment e;
+  e.name = "summation";
+  e.description = "sum of n terms of a series in a format: recursive, pairwise or Kahan; error vs the exact sum";
+  // Designated initializers leave the optional fields (allowed, min, max, check) empty on
+  // purpose; GCC 12 warns about that under -Wextra.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+  e.params = {
+      {.name = "series", .type = ParamType::string, .default_value = std::string("harmonic"),
+       .meaning = "terms: harmonic (1/k, k = 1..n), uniform01 (uniform in [0,1)), normal (standard), "
+                  "constant (every term = value); random terms come from lane 1 of the run's stream, "
+                  "stochastic rounding from lane 0",
+       .allowed = {"harmonic", "uniform01", "normal", "constant"}},
+      {.name = "n", .type = ParamType::integer, .default_value = std::int64_t{1000},
+       .meaning = "number of terms", .min = 1, .max = 1e8},
+      {.name = "format", .type = ParamType::string, .default_value = std::string("fp16"),
+       .meaning = "format of the terms and of every operation (fp64 fp32 tf32 bf16 fp16 fp8-e5m2 fp8-e4m3 eXmY)",
+       .check = check_format_name},
+      {.name = "rounding", .type = ParamType::string, .default_value = std::string("rne"),
+       .meaning = "rounding of every addition (terms enter the format with rne): rne rna rz ru rd ro sr",
+       .check = check_rounding_name},
+      {.name = "algorithm", .type = ParamType::string, .default_value = std::string("recursive"),
+       .meaning = "recursive (s += t_k), pairwise (recursive halving) or kahan (compensated)",
+       .allowed = {"recursive", "pairwise", "kahan"}},
+      {.name = "sr_bits", .type = ParamType::integer, .default_value = std::int64_t{0},
+       .meaning = "random bits of stochastic rounding: 0 = exact probabilities, k = hardware-style k-bit",
+       .min = 0, .max = 64},
+      {.name = "value", .type = ParamType::real, .default_value = 1.0,
+       .meaning = "the term of series=constant (rounded into the format with rne)"},
+      {.name = "trace_every", .type = ParamType::integer, .default_value = std::int64_t{0},
+       .meaning = "record the running sum every this many terms (and at 0 and n); 0 = none; "
+                  "pairwise has no running sum and records none",
+       .min = 0},
+  };
+#pragma GCC diagnostic pop
+  e.metrics = {
+      {"final", "the computed sum"},
+      {"exact", "the exact sum of the rounded terms (nearest double)"},
+      {"abs_error", "|final - exact|"},
+      {"rel_error", "|final - exact| / |exact| (NaN when exact is 0)"},
+      {"stagnation_step", "recursive and kahan: first k from which the running sum never changed again (one "
+                          "past the last term that changed it; 1 if none did); -1 if term n changed it; NaN "
+                          "for pairwise"},
+      {"n", "number of terms"},
+  };
+  e.headline_metric = "rel_error";
+  e.traces = {{"sum", "the running sum after k terms; x axis = k (0 = before the first term)", "k"}};
+  e.run = run_summation;
+  e.check_point = [](const Params& p) -> std::string {
+    if (p.integer("trace_every") > p.integer("n")) return "trace_every must not exceed n";
+    return "";
+  };
+  return e;
+}
+
+const Registration registration(summation_experiment());
+
+}  // namespace
+
+}  // namespace roundoff

@@ -1,1 +1,130 @@
-// swamping: being written
+// swamping: a small addend added again and again to a growing sum, as in Graphcore's
+// stochastic-rounding tutorial (0.0001 added 10,000 times in fp16: round-to-nearest stalls
+// at 0.25, stochastic rounding stays near the true 1.0).
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "emu/arith.hpp"
+#include "emu/exact_sum.hpp"
+#include "emu/format.hpp"
+#include "experiment.hpp"
+#include "running_value.hpp"
+
+namespace roundoff {
+
+namespace {
+
+constexpr double kUndefined = std::numeric_limits<double>::quiet_NaN();
+// Cancellation is polled this often (a power of two: a mask, not a division).
+constexpr std::int64_t kPollMask = 4095;
+
+RunResult run_swamping(const Params& p, const RunEnv& env) {
+  const emu::Format format = emu::format_by_name(p.string("format")).with_subnormals(p.boolean("subnormals"));
+  const std::int64_t steps = p.integer("steps");
+
+  emu::FpControl control;
+  control.rounding = emu::rounding_by_name(p.string("rounding"));
+  control.overflow = emu::overflow_by_name(p.string("overflow"));
+  control.sr_bits = static_cast<int>(p.integer("sr_bits"));
+  emu::Context ctx(control, emu::Rng(env.stream, emu::rng_kind_by_name(p.string("rng"))));
+
+  // The inputs enter the format once, with rne whatever the rounding under test, as
+  // numpy.float16(0.0001) and the tutorial's casts do; their flags count (the status
+  // describes everything done in the format).
+  auto to_format = [&](double v) { return ctx.round_with(emu::Rounding::rne, format, emu::Exact{v}, "convert", {v}); };
+  const double addend = to_format(p.real("addend"));
+  const double initial = to_format(p.real("initial"));
+
+  RunningValue x_history(initial, steps, p.integer("trace_every"));
+  double x = initial;
+  for (std::int64_t k = 1; k <= steps; ++k) {
+    x = ctx.add(format, x, addend);
+    x_history.update(k, x);
+    if ((k & kPollMask) == 0 && env.cancelled()) throw Cancelled();
+  }
+
+  // steps * addend + initial, exactly: the long accumulator holds the product of two
+  // doubles (steps < 2^53 is a double) and the sum without any rounding. The metric is its
+  // nearest double, which is the exact value itself for every shipped config (fp16/fp32
+  // addends have <= 24 significant bits and steps < 2^29).
+  emu::ExactSum exact;
+  exact.add_product(static_cast<double>(steps), addend);
+  exact.add(initial);
+  const double exact_value = exact.value().hi;
+  emu::ExactSum error = exact;  // final - exact, rounded once
+  error.add(-x);
+  const double abs_error = std::fabs(error.value().hi);
+
+  RunResult r;
+  r.metrics = {
+      {"final", x},
+      {"exact", exact_value},
+      {"abs_error", abs_error},
+      {"rel_error", exact_value != 0 ? abs_error / std::fabs(exact_value) : kUndefined},
+      {"stagnation_step", static_cast<double>(x_history.stagnation_step())},
+  };
+  if (x_history.has_trace()) r.traces["x"] = x_history.trace();
+  r.flags = ctx.status();
+  return r;
+}
+
+Experiment swamping_experiment() {
+  Experiment e;
+  e.name = "swamping";
+  e.description = "x <- round(x + addend) repeated: small addends swamped by a growing sum (IPU SR tutorial)";
+  // Designated initializers leave the optional fields (allowed, min, max, check) empty on
+  // purpose; GCC 12 warns about that under -Wextra.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+  e.params = {
+      {.name = "format", .type = ParamType::string, .default_value = std::string("fp16"),
+       .meaning = "number format of x and the addend (fp64 fp32 tf32 bf16 fp16 fp8-e5m2 fp8-e4m3 eXmY)",
+       .check = check_format_name},
+      {.name = "rounding", .type = ParamType::string, .default_value = std::string("rne"),
+       .meaning = "rounding of each addition: rne rna rz ru rd ro sr", .check = check_rounding_name},
+      {.name = "addend", .type = ParamType::real, .default_value = 1e-4,
+       .meaning = "value added at each step; rounded into the format first with rne"},
+      {.name = "steps", .type = ParamType::integer, .default_value = std::int64_t{10000},
+       .meaning = "number of additions", .min = 1, .max = 1e9},
+      {.name = "initial", .type = ParamType::real, .default_value = 0.0,
+       .meaning = "starting value of x; rounded into the format first with rne"},
+      {.name = "sr_bits", .type = ParamType::integer, .default_value = std::int64_t{0},
+       .meaning = "random bits of stochastic rounding: 0 = exact probabilities, k = hardware-style k-bit",
+       .min = 0, .max = 64},
+      {.name = "subnormals", .type = ParamType::boolean, .default_value = true,
+       .meaning = "whether the format keeps subnormals (false: flush to zero)"},
+      {.name = "overflow", .type = ParamType::string, .default_value = std::string("inf"),
+       .meaning = "what an overflowing sum becomes: inf, saturate (to max) or nan (IPU NANOO)",
+       .allowed = {"inf", "saturate", "nan"}},
+      {.name = "rng", .type = ParamType::string, .default_value = std::string("philox"),
+       .meaning = "random source of stochastic rounding: philox or ipu (xoroshiro128aox)",
+       .allowed = {"philox", "ipu"}},
+      {.name = "trace_every", .type = ParamType::integer, .default_value = std::int64_t{0},
+       .meaning = "record x every this many steps (and at steps 0 and the last); 0 = no trace", .min = 0},
+  };
+#pragma GCC diagnostic pop
+  e.metrics = {
+      {"final", "x after the last step"},
+      {"exact", "steps * addend + initial computed exactly (addend and initial as rounded into the format)"},
+      {"abs_error", "|final - exact|"},
+      {"rel_error", "|final - exact| / |exact| (NaN when exact is 0)"},
+      {"stagnation_step", "first step from which x never changed again (one past the last change); -1 if the "
+                          "last step still changed x"},
+  };
+  e.headline_metric = "final";
+  e.traces = {{"x", "the running value x; x axis = step index (0 = before the first addition)", "step"}};
+  e.run = run_swamping;
+  e.check_point = [](const Params& p) -> std::string {
+    if (p.integer("trace_every") > p.integer("steps")) return "trace_every must not exceed steps";
+    return "";
+  };
+  return e;
+}
+
+const Registration registration(swamping_experiment());
+
+}  // namespace
+
+}  // namespace roundoff
