@@ -1,7 +1,381 @@
 #include "mma.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
 #include <stdexcept>
+#include <string>
+#include <vector>
+
 namespace emu {
-std::unique_ptr<MatrixUnit> make_tensor_core_unit(UnitKind preset, std::optional<Format>, std::optional<Format>) {
-  throw std::invalid_argument(std::string("unit '") + unit_kind_name(preset) + "' is not modelled yet");
+
+namespace {
+
+// How a device runs fp8 inputs.
+//  native:        its own fp8 adder (fp8_block products, fp8_kept_bits, fp8_result_bits)
+//  fp16_datapath: converted to fp16 and run through the fp16 adder, two blocks per
+//                 32-product instruction in alternating pairs, c added afterwards (rne)
+enum class Fp8Path { none, native, fp16_datapath };
+
+// The device table. Blocks and extra alignment bits from Khattak and Mikaitis's models
+// (V100TC.m ... B200TC.m); the fp8 paths from their measured data (see mma.hpp).
+struct DeviceRow {
+  UnitKind kind;
+  int block;        // fp16 and bf16 inputs
+  int extra_bits;   // kept fraction bits = 23 + extra_bits (fp16, bf16, tf32)
+  bool bf16;        // takes bf16 inputs
+  int tf32_block;   // 0: no tf32 inputs
+  Fp8Path fp8_to_fp32, fp8_to_fp16;
+  int fp8_block;    // native fp8
+  int fp8_kept_bits;
+  int fp8_result_bits;  // 13: the e8m13 result (fp32 output); 0: rounded straight
+};
+
+constexpr int kFp8Instruction = 32;  // products per fp8 instruction on the fp16 datapath
+
+constexpr DeviceRow kDevices[] = {
+    // kind          block extra bf16   tf32  fp8 -> fp32           fp8 -> fp16          fp8 block kept result
+    {UnitKind::v100, 4, 0, false, 0, Fp8Path::none, Fp8Path::none, 0, 0, 0},
+    {UnitKind::t4, 8, 1, false, 0, Fp8Path::none, Fp8Path::none, 0, 0, 0},  // Turing: fp16 only
+    {UnitKind::a100, 8, 1, true, 4, Fp8Path::none, Fp8Path::none, 0, 0, 0},
+    {UnitKind::ada, 8, 1, true, 4, Fp8Path::native, Fp8Path::native, 16, 13, 13},
+    {UnitKind::l40s, 8, 1, true, 4, Fp8Path::native, Fp8Path::native, 16, 13, 13},
+    {UnitKind::h100, 16, 2, true, 8, Fp8Path::native, Fp8Path::fp16_datapath, 32, 13, 13},
+    {UnitKind::h200, 16, 2, true, 8, Fp8Path::native, Fp8Path::fp16_datapath, 32, 13, 13},
+    {UnitKind::b200, 16, 2, true, 8, Fp8Path::fp16_datapath, Fp8Path::fp16_datapath, 0, 0, 0},
+};
+
+// Zeros carry an exponent so low that a product with a zero factor is never the largest
+// and is shifted out entirely (no branch on zero in the adder's loops); below
+// kNoTerm no term is non-zero.
+constexpr int kZeroExponent = -(1 << 20);
+constexpr int kNoTerm = -(1 << 19);
+constexpr int kMaxBlock = 64;
+
+// 2^e from its bit pattern, for e inside double's normal range.
+inline double pow2(int e) { return std::bit_cast<double>(static_cast<std::uint64_t>(e + 1023) << 52); }
+
+bool same_layout(const Format& f, const Format& preset) { return f.with_subnormals(true) == preset; }
+
+const DeviceRow& device_row(UnitKind device) {
+  for (const DeviceRow& row : kDevices)
+    if (row.kind == device) return row;
+  throw std::invalid_argument(std::string("unit '") + unit_kind_name(device) + "' is not a tensor-core preset");
 }
+
+[[gnu::always_inline]] inline double fixed_to_double(const FixedPoint& x) {
+  const double value = static_cast<double>(x.magnitude) * pow2(x.lsb);  // lsb well inside double's range
+  return x.negative ? -value : value;
+}
+
+// round_fixed_point's body, inlined into the adder.
+[[gnu::always_inline]] inline void round_fixed(FixedPoint& x, int fraction_bits, int emin, Rounding mode,
+                                               Flags& flags) {
+  // 1. The exponent of x and q, the weight of the last bit kept (as emu::round, step 1).
+  const int exponent = 63 - std::countl_zero(x.magnitude) + x.lsb;
+  const int q = std::max(exponent, emin) - fraction_bits;
+  const int shift = q - x.lsb;
+  if (shift <= 0) return;  // x already fits
+  // 2. Split into the kept bits and the remainder; the remainder decides (rne: above
+  //    half, or exactly half with an odd kept part). |sum| < 2^49, so shifts of 64 or
+  //    more leave nothing and a remainder below half.
+  const std::uint64_t kept = shift < 64 ? x.magnitude >> shift : 0;
+  const std::uint64_t remainder = shift < 64 ? x.magnitude & ((std::uint64_t{1} << shift) - 1) : x.magnitude;
+  const std::uint64_t half = shift < 64 ? std::uint64_t{1} << (shift - 1) : ~std::uint64_t{0};
+  const bool up = mode == Rounding::rne && (remainder > half || (remainder == half && (kept & 1) != 0));
+  if (remainder != 0) flags |= exponent < emin ? (INEXACT | UFLO) : INEXACT;
+  x.magnitude = kept + (up ? 1 : 0);
+  x.lsb = q;
+}
+
+}  // namespace
+
+BlockFmaParams tensor_core_params(UnitKind device, const Format& in, const Format& out) {
+  const DeviceRow& row = device_row(device);
+  const std::string name = unit_kind_name(device);
+  const bool fp8 = same_layout(in, fp8_e4m3()) || same_layout(in, fp8_e5m2());
+  const bool fp16_in = same_layout(in, fp16());
+  const bool fp32_out = same_layout(out, fp32());
+  if (!fp32_out && !(same_layout(out, fp16()) && (fp16_in || fp8)))
+    throw std::invalid_argument(name + " tensor cores do not give " + out.name() + " output for " + in.name() +
+                                " inputs (fp32, or fp16 for fp16 and fp8 inputs)");
+  const Fp8Path fp8_path = fp32_out ? row.fp8_to_fp32 : row.fp8_to_fp16;
+
+  BlockFmaParams p;
+  p.input_subnormals = in.subnormals();
+  p.final_rounding = fp32_out ? Rounding::rz : Rounding::rne;
+  p.kept_fraction_bits = 23 + row.extra_bits;
+  if (fp16_in || (row.bf16 && same_layout(in, bf16()))) {
+    p.block_size = row.block;
+  } else if (row.tf32_block > 0 && same_layout(in, tf32())) {
+    p.block_size = row.tf32_block;
+  } else if (fp8 && fp8_path == Fp8Path::native) {
+    p.block_size = row.fp8_block;
+    p.kept_fraction_bits = row.fp8_kept_bits;
+    if (fp32_out) p.result_fraction_bits = row.fp8_result_bits;
+  } else if (fp8 && fp8_path == Fp8Path::fp16_datapath) {
+    p.block_size = row.block;
+    p.fp16_datapath = true;
+    p.instruction_k = kFp8Instruction;
+    p.pair_interleave = true;
+    p.c_after_products = true;
+    p.c_rounding = Rounding::rne;
+  } else {
+    std::string accepted = "fp16";
+    if (row.bf16) accepted += ", bf16";
+    if (row.tf32_block > 0) accepted += ", tf32";
+    if (row.fp8_to_fp32 != Fp8Path::none) accepted += ", fp8-e4m3, fp8-e5m2";
+    throw std::invalid_argument(name + " tensor cores do not take " + in.name() + " inputs (they take " +
+                                accepted + ")");
+  }
+  return p;
+}
+
+TensorCoreUnit::TensorCoreUnit(UnitKind kind, Format in, Format out, BlockFmaParams params)
+    : kind_(kind),
+      in_(std::move(in)),
+      out_(std::move(out)),
+      adder_in_(params.fp16_datapath ? fp16().with_subnormals(in_.subnormals()) : in_),
+      params_(params) {
+  if (params_.block_size < 1 || params_.block_size > kMaxBlock)
+    throw std::invalid_argument("block size must be 1.." + std::to_string(kMaxBlock));
+  if (params_.kept_fraction_bits < 1 || params_.kept_fraction_bits > 40)
+    throw std::invalid_argument("kept fraction bits must be 1..40");
+  if (params_.min_alignment_exponent > 256)
+    throw std::invalid_argument("the minimum alignment exponent must be at most 256");
+  if (params_.instruction_k < 0 || params_.instruction_k % params_.block_size != 0)
+    throw std::invalid_argument("instruction k must be a multiple of the block size");
+  if (adder_in_.fraction_bits() > 15 || adder_in_.emax() > 127 || adder_in_.emin() < -126)
+    throw std::invalid_argument("tensor-core inputs must fit in binary32 with at most 15 fraction bits");
+  if (params_.fp16_datapath && !in_.with_subnormals(true).representable(in_.max_finite()))
+    throw std::invalid_argument("the fp16 datapath needs inputs that fp16 holds");
+  if (out_.fraction_bits() > 23 || out_.emax() > 127)
+    throw std::invalid_argument("tensor-core outputs must fit in binary32");
+  if (params_.result_fraction_bits > 0)
+    result_format_ = Format(8, params_.result_fraction_bits, Encoding::ieee, out_.subnormals());
+}
+
+void TensorCoreUnit::decode(double x, double& value, std::int32_t& exp, bool& special) const {
+  value = 0.0;
+  exp = kZeroExponent;
+  if (!std::isfinite(x)) {
+    special = true;
+    return;
+  }
+  if (x == 0) return;
+  const double magnitude = std::fabs(x);
+  if (!in_.with_subnormals(true).representable(x))
+    throw std::invalid_argument("tensor-core input " + std::to_string(x) + " is not a value of " + in_.name() +
+                                " (round the inputs first)");
+  if (magnitude < in_.min_normal() && !params_.input_subnormals) return;
+  value = x;
+  exp = std::max(std::ilogb(magnitude), adder_in_.emin());
+}
+
+void round_fixed_point(FixedPoint& x, int fraction_bits, int emin, Rounding mode, Flags& flags) {
+  round_fixed(x, fraction_bits, emin, mode, flags);
+}
+
+double to_double(const FixedPoint& x) { return fixed_to_double(x); }
+
+double TensorCoreUnit::block(Context& ctx, std::size_t n, Operands a, Operands b, double c, Flags& flags) const {
+  const int kept = params_.kept_fraction_bits;
+
+  // c's exponent as a binary32 (every output value is one); subnormals have emin.
+  int c_exp = kZeroExponent;
+  if (c != 0) {
+    const int field = static_cast<int>((std::bit_cast<std::uint32_t>(static_cast<float>(c)) >> 23) & 0xff);
+    c_exp = field != 0 ? field - 127 : -126;
+  }
+
+  // Step 2: the alignment exponent over the products' raw exponents and c's.
+  int align = c_exp;
+  for (std::size_t i = 0; i < n; ++i) align = std::max(align, a.exp[i] + b.exp[i]);
+  // An exact zero sum is +0, as the adder's sign-magnitude integer sum gives (an IEEE
+  // adder would keep -0 + -0 = -0).
+  if (align < kNoTerm) return 0.0;
+  align = std::max(align, params_.min_alignment_exponent);
+
+  // Step 3: truncate every term (towards zero) to a multiple of 2^(align - kept) and add
+  // exactly. In units of that quantum a term is t = a_i b_i 2^(kept - align), exact in
+  // double (a power-of-two scaling of an exact product, far from double's range limits);
+  // trunc(t) is the truncated term, an integer below 2^(kept + 2) <= 2^42. Adding
+  // 1.5 * 2^52 puts such an integer in the low bits of a double's pattern, so the sum is
+  // taken in int64, exactly and without a branch per term.
+  const double scale = pow2(kept - align);
+  constexpr double kMagic = 0x1.8p52;
+  const auto magic_bits = std::bit_cast<std::int64_t>(kMagic);
+  // The dropped fractions are ORed as bit patterns (a zero difference is +0.0, all bits
+  // clear).
+  const double c_term = c * scale;
+  const double c_truncated = std::trunc(c_term);
+  std::uint64_t lost = std::bit_cast<std::uint64_t>(c_term - c_truncated);
+  std::int64_t sum = std::bit_cast<std::int64_t>(c_truncated + kMagic) - magic_bits;
+  const double* av = a.value;
+  const double* bv = b.value;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double t = av[i] * bv[i] * scale;
+    const double truncated = std::trunc(t);
+    lost |= std::bit_cast<std::uint64_t>(t - truncated);
+    sum += std::bit_cast<std::int64_t>(truncated + kMagic) - magic_bits;
+  }
+  const Flags truncated = lost != 0 ? INEXACT : 0;
+  if (sum == 0) {
+    flags |= truncated;
+    return 0.0;
+  }
+
+  // Step 4: one normalisation and rounding, on the integer sum.
+  const FixedPoint exact{static_cast<std::uint64_t>(sum < 0 ? -sum : sum), align - kept, sum < 0};
+  FixedPoint result = exact;
+  Flags raised = truncated;
+  if (result_format_) round_fixed(result, result_format_->fraction_bits(), result_format_->emin(), Rounding::rz, raised);
+  round_fixed(result, out_.fraction_bits(), out_.emin(), params_.final_rounding, raised);
+  const double value = fixed_to_double(result);
+  const bool tiny = 63 - std::countl_zero(exact.magnitude) + exact.lsb < out_.emin();
+  if (std::fabs(value) <= out_.max_finite() && (out_.subnormals() || !tiny)) {
+    flags |= raised;
+    return value;
+  }
+  // Overflow, or a flushed subnormal: emu::round under the context. The model truncates
+  // the significand but still overflows to infinity (Khattak and Mikaitis: an all-ones
+  // exponent field is infinity whatever the rounding), hence rne past the range.
+  double wide = fixed_to_double(exact);
+  if (result_format_) {
+    wide = ctx.round_with(Rounding::rz, *result_format_, Exact{wide}, "mma", {}, truncated);
+    raised = 0;
+  } else {
+    raised = truncated;
+  }
+  const Rounding mode = std::fabs(wide) >= std::ldexp(1.0, out_.emax() + 1) ? Rounding::rne : params_.final_rounding;
+  return ctx.round_with(mode, out_, Exact{wide}, "mma", {}, raised);
+}
+
+// One instruction of instruction_k products (fewer at the end of k): its blocks, and c.
+double TensorCoreUnit::instruction(Context& ctx, std::size_t k, Operands a, Operands b, double c,
+                                   Flags& flags) const {
+  const auto block_size = static_cast<std::size_t>(params_.block_size);
+  double acc = params_.c_after_products ? 0.0 : c;
+  if (!params_.pair_interleave) {
+    for (std::size_t j = 0; j < k; j += block_size) {
+      acc = block(ctx, std::min(block_size, k - j), a + j, b + j, acc, flags);
+      if (!std::isfinite(acc)) return acc;  // an overflow: finite products cannot change it
+    }
+  } else {
+    // Deal the products to the blocks two at a time: pair p goes to block p mod blocks.
+    const std::size_t blocks = static_cast<std::size_t>(params_.instruction_k) / block_size;
+    double a_value[kMaxBlock], b_value[kMaxBlock];
+    std::int32_t a_exp[kMaxBlock], b_exp[kMaxBlock];
+    for (std::size_t g = 0; g < blocks; ++g) {
+      std::size_t n = 0;
+      for (std::size_t i = 2 * g; i < k; i += 2 * blocks)
+        for (std::size_t t = i; t < std::min(i + 2, k); ++t) {
+          a_value[n] = a.value[t];
+          a_exp[n] = a.exp[t];
+          b_value[n] = b.value[t];
+          b_exp[n] = b.exp[t];
+          ++n;
+        }
+      acc = block(ctx, n, {a_value, a_exp}, {b_value, b_exp}, acc, flags);
+      if (!std::isfinite(acc)) return acc;
+    }
+  }
+  if (!params_.c_after_products) return acc;
+  const Exact x = exact_add(acc, c);
+  if (x.hi == 0 && x.lo == 0) return std::signbit(acc) && std::signbit(c) ? -0.0 : 0.0;
+  return ctx.round_with(params_.c_rounding, out_, x, "mma", {});
+}
+
+double TensorCoreUnit::chain(Context& ctx, std::size_t k, Operands a, Operands b, double c, Flags& flags) const {
+  const auto step = static_cast<std::size_t>(params_.instruction_k > 0 ? params_.instruction_k
+                                                                       : params_.block_size);
+  for (std::size_t j = 0; j < k; j += step) {
+    c = instruction(ctx, std::min(step, k - j), a + j, b + j, c, flags);
+    if (!std::isfinite(c)) return c;  // an overflow: the remaining (finite) products cannot change it
+  }
+  return c;
+}
+
+void TensorCoreUnit::commit(Context& ctx, Flags flags) const {
+  // INEXACT and UFLO do not trap; raising them once is the same as raising them per block.
+  if (flags != 0) ctx.round_with(params_.final_rounding, out_, Exact{0.0}, "mma", {}, flags);
+}
+
+double TensorCoreUnit::special_dot(Context& ctx, std::size_t k, const double* a, std::size_t sa, const double* b,
+                                   std::size_t sb, double c) const {
+  bool nan = std::isnan(c), invalid = false, pos_inf = c == INFINITY, neg_inf = c == -INFINITY;
+  for (std::size_t i = 0; i < k; ++i) {
+    const double x = a[i * sa], y = b[i * sb];
+    if (std::isnan(x) || std::isnan(y)) nan = true;
+    else if ((std::isinf(x) && y == 0) || (std::isinf(y) && x == 0)) invalid = true;
+    else if (std::isinf(x) || std::isinf(y)) (std::signbit(x) != std::signbit(y) ? neg_inf : pos_inf) = true;
+  }
+  if (pos_inf && neg_inf) invalid = true;
+  if (nan || invalid) {
+    const double result = std::numeric_limits<double>::quiet_NaN();
+    if (invalid) ctx.round_with(params_.final_rounding, out_, Exact{result}, "mma", {}, INV);
+    return result;
+  }
+  return ctx.round_with(params_.final_rounding, out_, Exact{pos_inf ? INFINITY : -INFINITY}, "mma", {});
+}
+
+double TensorCoreUnit::dot(Context& ctx, std::size_t k, const double* a, std::size_t sa, const double* b,
+                           std::size_t sb, double c) const {
+  std::vector<double> a_value(k), b_value(k);
+  std::vector<std::int32_t> a_exp(k), b_exp(k);
+  bool special = !std::isfinite(c);
+  for (std::size_t i = 0; i < k; ++i) {
+    decode(a[i * sa], a_value[i], a_exp[i], special);
+    decode(b[i * sb], b_value[i], b_exp[i], special);
+  }
+  if (special) return special_dot(ctx, k, a, sa, b, sb, c);
+  Flags flags = 0;
+  const double d = chain(ctx, k, {a_value.data(), a_exp.data()}, {b_value.data(), b_exp.data()}, c, flags);
+  commit(ctx, flags);
+  return d;
+}
+
+void TensorCoreUnit::gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
+                          std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) const {
+  // Decode once: rows of A and columns of B, each contiguous.
+  std::vector<double> row_value(m * k), col_value(n * k);
+  std::vector<std::int32_t> row_exp(m * k), col_exp(n * k);
+  std::vector<char> row_special(m, 0), col_special(n, 0);
+  for (std::size_t i = 0; i < m; ++i) {
+    bool special = false;
+    for (std::size_t p = 0; p < k; ++p) decode(A[i * lda + p], row_value[i * k + p], row_exp[i * k + p], special);
+    row_special[i] = special;
+  }
+  for (std::size_t j = 0; j < n; ++j) {
+    bool special = false;
+    for (std::size_t p = 0; p < k; ++p) decode(B[p * ldb + j], col_value[j * k + p], col_exp[j * k + p], special);
+    col_special[j] = special;
+  }
+  const Operands rows{row_value.data(), row_exp.data()}, cols{col_value.data(), col_exp.data()};
+  Flags flags = 0;
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < n; ++j) {
+      double& c = C[i * ldc + j];
+      if (row_special[i] || col_special[j] || !std::isfinite(c))
+        c = special_dot(ctx, k, A + i * lda, 1, B + j, ldb, c);
+      else
+        c = chain(ctx, k, rows + i * k, cols + j * k, c, flags);
+    }
+  commit(ctx, flags);
+}
+
+void TensorCoreUnit::mma_4x4x4(Context& ctx, const double* A, const double* B, const double* C, double* D) const {
+  std::copy(C, C + 16, D);
+  gemm(ctx, 4, 4, 4, A, 4, B, 4, D, 4);
+}
+
+std::unique_ptr<MatrixUnit> make_tensor_core_unit(UnitKind preset, std::optional<Format> in,
+                                                  std::optional<Format> out) {
+  Format input = in.value_or(fp16());
+  Format output = out.value_or(fp32());
+  BlockFmaParams params = tensor_core_params(preset, input, output);
+  return std::make_unique<TensorCoreUnit>(preset, std::move(input), std::move(output), params);
+}
+
 }  // namespace emu

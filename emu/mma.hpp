@@ -1,9 +1,141 @@
-// NVIDIA tensor-core models (being written).
+// NVIDIA tensor-core models: one parametric multi-term fused adder ("block FMA") and a
+// table of named per-device parameters, after Khattak and Mikaitis, "Accurate Models of
+// NVIDIA Tensor Cores" (MATLAB-tensor-core), which agrees with Fasi, Higham, Mikaitis and
+// Pranesh, "Numerical behavior of NVIDIA tensor cores" (PeerJ CS 2021), and the FTTN /
+// HPEC 2025 feature tests.
+//
+// One block computes d = c + sum_{i<n} a_i b_i (n <= block_size) as follows:
+//  1. Products are exact. Each factor has the exponent of its format, clamped at the
+//     format's emin (subnormals keep emin and a significand below 1); a product's "raw"
+//     exponent is e_a + e_b, its significand (in [0, 4)) is not normalised.
+//  2. The alignment exponent E is the largest raw exponent among the non-zero products
+//     and c (c's exponent is its binary32 exponent). Zero products take no part.
+//  3. Every term is truncated, sign-magnitude (towards zero), to a multiple of
+//     2^(E - kept_fraction_bits): kept_fraction_bits = 23 + the device's extra alignment
+//     bits (13 for native fp8 on Ada and Hopper).
+//  4. The truncated terms are added exactly (integers), normalised once and rounded once
+//     into the output format (rz for fp32 output, rne for fp16 output); native fp8 with
+//     fp32 output first truncates the sum to 13 fraction bits (an e8m13 result).
+// For K > block_size the blocks are chained in index order: c <- block(a_j, b_j, c), each
+// intermediate rounded into the output format. NaN and infinity follow IEEE 754 over the
+// whole dot product (any NaN, inf - inf or 0 * inf gives NaN with INV; otherwise an
+// infinite operand gives that infinity).
+//
+// fp8 on the fp16 datapath (Hopper with fp16 output, Blackwell): each 32-product
+// instruction is two fp16 blocks of 16 taking the products in alternating pairs, chained
+// from zero; c is then added in one IEEE addition rounded to nearest. Found by fitting
+// the measured data (tests/mma/test_validation.cpp); Khattak and Mikaitis's MATLAB model
+// describes this path only as an "interleaved pattern".
 #pragma once
+
+#include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
+
 #include "unit.hpp"
+
 namespace emu {
-// A tensor-core preset (kind v100 ... b200) as a MatrixUnit.
-std::unique_ptr<MatrixUnit> make_tensor_core_unit(UnitKind preset, std::optional<Format> in, std::optional<Format> out);
+
+// The micro-architecture parameters of one multi-term fused adder (STYLE.md point 11).
+struct BlockFmaParams {
+  int block_size = 4;            // products fused before one normalisation (at most 64)
+  int kept_fraction_bits = 23;   // fraction bits kept below the alignment exponent E
+  Rounding final_rounding = Rounding::rz;  // rounding of a block into the output format
+  // > 0: the normalised sum is first truncated to this many fraction bits (13: the
+  // e8m13 result of native fp8 on Ada and Hopper); 0: rounded straight into the output.
+  int result_fraction_bits = 0;
+  bool input_subnormals = true;  // false: subnormal inputs are flushed to zero
+  // E is raised to at least this (no clamp by default).
+  int min_alignment_exponent = std::numeric_limits<int>::min() / 4;
+  // fp8 inputs converted (exactly) to fp16 and run through the fp16 adder: their
+  // exponents are clamped at fp16's emin, not fp8's.
+  bool fp16_datapath = false;
+  // Products per instruction; 0 means block_size. With pair_interleave the products of
+  // an instruction are dealt to its instruction_k / block_size blocks two at a time
+  // (products 0,1 to the first block, 2,3 to the second, ...), as fp8 MMA on the fp16
+  // datapath does (Hopper with fp16 output, Blackwell); the blocks run in order.
+  int instruction_k = 0;
+  bool pair_interleave = false;
+  // false: c is aligned with the products of the first block (NVIDIA's native paths);
+  // true: each instruction's blocks accumulate from zero and c is added afterwards in
+  // one addition rounded with c_rounding (fp8 on the fp16 datapath; AMD CDNA3 style).
+  bool c_after_products = false;
+  Rounding c_rounding = Rounding::rne;
+};
+
+// The parameters of a device for one input/output format pair. Throws
+// std::invalid_argument naming the device when it does not take the formats (inputs:
+// fp16, bf16, tf32, fp8-e4m3, fp8-e5m2 as the device supports them; outputs fp32, and
+// fp16 for fp16 and fp8 inputs).
+BlockFmaParams tensor_core_params(UnitKind device, const Format& in, const Format& out);
+
+// The adder's last step on its fixed-point sum: x = (negative ? -1 : 1) * magnitude *
+// 2^lsb (magnitude != 0) rounded in place, rz or rne, to `fraction_bits` with exponents
+// floored at emin (gradual underflow). Raises INEXACT, and UFLO for a tiny inexact x,
+// into flags. Range (overflow) and flushing are the caller's: this is emu::round()'s
+// arithmetic on integers, for speed, and is tested against it.
+struct FixedPoint {
+  std::uint64_t magnitude = 0;
+  int lsb = 0;
+  bool negative = false;
+};
+void round_fixed_point(FixedPoint& x, int fraction_bits, int emin, Rounding mode, Flags& flags);
+double to_double(const FixedPoint& x);  // exact for magnitudes below 2^53
+
+// A tensor core: the block FMA with fixed parameters and formats.
+class TensorCoreUnit final : public MatrixUnit {
+ public:
+  TensorCoreUnit(UnitKind kind, Format in, Format out, BlockFmaParams params);
+
+  UnitKind kind() const override { return kind_; }
+  const Format& input_format() const override { return in_; }
+  const Format& output_format() const override { return out_; }
+  const BlockFmaParams& params() const { return params_; }
+
+  double dot(Context& ctx, std::size_t k, const double* a, std::size_t sa, const double* b,
+             std::size_t sb, double c) const override;
+  // Decodes A and B once, then chains blocks along k per element: equal to dot() per
+  // element (the instruction shapes m8n8k4, m16n8k16, ... only cut k into chunks whose
+  // results are chained the same way).
+  void gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
+            std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) const override;
+  // Volta's instruction on 4x4 tiles (row-major): D = A * B + C.
+  void mma_4x4x4(Context& ctx, const double* A, const double* B, const double* C, double* D) const;
+
+  // Decoded inputs, as arrays so that the adder's loops vectorise: the value (products
+  // of two are exact in double) and the exponent the adder aligns with (the format's,
+  // clamped at its emin; far below any other for zeros).
+  struct Operands {
+    const double* value;
+    const std::int32_t* exp;
+    Operands operator+(std::size_t j) const { return {value + j, exp + j}; }
+  };
+
+ private:
+  // Decodes x into value and exp; marks NaN and infinity in `special`. Throws
+  // std::invalid_argument for a value outside the input format.
+  void decode(double x, double& value, std::int32_t& exp, bool& special) const;
+  // The adder on decoded, contiguous operands. INEXACT and UFLO gather in `flags` (they
+  // never trap) and reach the context once per dot or gemm; OFLO goes straight through
+  // the context (it may trap).
+  double chain(Context& ctx, std::size_t k, Operands a, Operands b, double c, Flags& flags) const;
+  double instruction(Context& ctx, std::size_t k, Operands a, Operands b, double c, Flags& flags) const;
+  double block(Context& ctx, std::size_t n, Operands a, Operands b, double c, Flags& flags) const;
+  double special_dot(Context& ctx, std::size_t k, const double* a, std::size_t sa, const double* b,
+                     std::size_t sb, double c) const;
+  void commit(Context& ctx, Flags flags) const;
+
+  UnitKind kind_;
+  Format in_, out_;
+  Format adder_in_;                      // in_, or fp16 on the fp16 datapath
+  std::optional<Format> result_format_;  // the e8m13 step, if any
+  BlockFmaParams params_;
+};
+
+// A tensor-core preset (kind v100 ... b200) as a MatrixUnit; in defaults to fp16, out to
+// fp32. Throws std::invalid_argument for formats the device does not take.
+std::unique_ptr<MatrixUnit> make_tensor_core_unit(UnitKind preset, std::optional<Format> in,
+                                                  std::optional<Format> out);
+
 }  // namespace emu
