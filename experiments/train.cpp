@@ -1,1 +1,268 @@
-// train: being written
+// train: an MLP with batch norm trained on emulated arithmetic, comparing update
+// strategies, optimisers, loss scaling and per-tensor formats (see experiments/mlp.hpp).
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include "mlp.hpp"
+
+namespace roundoff::train {
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr int kMaxLayers = 3;  // metric names are declared for the largest model
+
+std::string check_format_or_auto(const ParamValue& v) {
+  const auto* s = std::get_if<std::string>(&v);
+  if (s && *s == "auto") return "";
+  return check_format_name(v);
+}
+
+std::string check_loss_scale(const ParamValue& v) {
+  const auto* s = std::get_if<std::string>(&v);
+  if (!s) return "expected a string";
+  try {
+    TrainSpec spec;
+    parse_loss_scale(*s, spec);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::vector<std::string> layer_names() {
+  std::vector<std::string> names;
+  for (int l = 1; l <= kMaxLayers; ++l) names.push_back("l" + std::to_string(l));
+  for (int b = 1; b < kMaxLayers; ++b) names.push_back("bn" + std::to_string(b));
+  return names;
+}
+
+}  // namespace
+
+ParamSpec int_param(std::string name, std::int64_t def, std::string meaning, double min, double max) {
+  return ParamSpec{std::move(name), ParamType::integer, def, std::move(meaning), {}, min, max, {}};
+}
+ParamSpec real_param(std::string name, double def, std::string meaning, std::optional<double> min,
+                     std::optional<double> max) {
+  return ParamSpec{std::move(name), ParamType::real, def, std::move(meaning), {}, min, max, {}};
+}
+ParamSpec string_param(std::string name, std::string def, std::string meaning, std::vector<std::string> allowed,
+                       std::function<std::string(const ParamValue&)> check) {
+  return ParamSpec{std::move(name), ParamType::string, def, std::move(meaning), std::move(allowed), {}, {},
+                   std::move(check)};
+}
+
+std::vector<ParamSpec> data_param_specs() {
+  return {
+      ParamSpec{"data", ParamType::string, std::string("synthetic"),
+                "'synthetic' (Gaussian clusters from the seed) or an HDF5 file with x [N, D] float and y [N] int",
+                {}, {}, {}, {}},
+      int_param("samples", 2048, "synthetic: number of samples", 20, 1e7),
+      int_param("features", 32, "synthetic: input dimension", 1, 1e5),
+      int_param("classes", 10, "synthetic: number of classes", 2, 1000),
+      real_param("noise", 1.5, "synthetic: standard deviation of samples around their class centre", 0.0),
+      real_param("test_fraction", 0.2, "share of samples held out for testing (a fixed split per seed)", 0.01, 0.99),
+  };
+}
+
+std::vector<ParamSpec> run_param_specs() {
+  return {
+      int_param("layers", 2, "Linear layers: 2 or 3 (all but the last followed by BatchNorm and ReLU)", 2, 3),
+      int_param("width1", 32, "width of the first hidden layer", 1, 4096),
+      int_param("width2", 32, "width of the second hidden layer (layers: 3)", 1, 4096),
+      int_param("epochs", 5, "passes over the training split", 1, 10000),
+      int_param("batch", 32, "batch size (the last incomplete batch of an epoch is dropped)", 1, 1e6),
+      real_param("lr", 0.05, "learning rate", 0.0),
+  };
+}
+
+std::shared_ptr<const data::Split> prepare_data(const Params& p, std::uint64_t seed) {
+  const std::string& source = p.string("data");
+  data::Split s;
+  if (source == "synthetic") {
+    data::SyntheticSpec spec{static_cast<int>(p.integer("samples")), static_cast<int>(p.integer("features")),
+                             static_cast<int>(p.integer("classes")), p.real("noise"), seed};
+    s = data::split(data::make_synthetic(spec), p.real("test_fraction"), seed);
+  } else {
+    s = data::split(*data::load_h5(source), p.real("test_fraction"), seed);
+  }
+  data::standardise(s);
+  return std::make_shared<const data::Split>(std::move(s));
+}
+
+void read_run_params(const Params& p, TrainSpec& spec) {
+  spec.hidden = {static_cast<int>(p.integer("width1"))};
+  if (p.integer("layers") == 3) spec.hidden.push_back(static_cast<int>(p.integer("width2")));
+  spec.epochs = static_cast<int>(p.integer("epochs"));
+  spec.batch = static_cast<int>(p.integer("batch"));
+  spec.lr = p.real("lr");
+}
+
+namespace {
+
+RunResult run_train(const Params& p, const RunEnv& env) {
+  TrainSpec spec;
+  read_run_params(p, spec);
+  spec.unit = p.string("unit");
+  spec.rule = update_rule_by_name(p.string("update"));
+  spec.optimizer.kind = optimizer_by_name(p.string("optimizer"));
+  spec.optimizer.momentum = p.real("momentum");
+  spec.optimizer.beta1 = p.real("beta1");
+  spec.optimizer.beta2 = p.real("beta2");
+  spec.optimizer.eps = p.real("eps");
+  spec.weight_format = p.string("weight_format");
+  spec.act_format = p.string("act_format");
+  spec.grad_format = p.string("grad_format");
+  spec.state_format = p.string("state_format");
+  spec.master_format = p.string("master_format");
+  spec.loss_format = p.string("loss_format");
+  spec.bn_fp32 = p.boolean("bn_fp32");
+  parse_loss_scale(p.string("loss_scale"), spec);
+  if (spec.loss_scale == LossScaleKind::dynamic) spec.scale = p.real("ls_init");
+  spec.scale_interval = p.integer("ls_interval");
+  spec.scale_growth = p.real("ls_growth");
+  spec.scale_backoff = p.real("ls_backoff");
+  spec.unscale_lr = p.string("unscale") == "lr";
+  const std::int64_t hist_every = p.integer("hist_every");
+
+  Trainer trainer(spec, prepare_data(p, env.stream.seed), env.stream.seed, env.stream.replica,
+                  emu::StreamId{env.stream.seed, env.stream.point, env.stream.replica, 3});
+  RunResult result;
+  Trace loss_trace, scale_trace;
+  std::vector<Trace> hist_traces(trainer.layer_names().size());
+  const std::int64_t total = trainer.steps_per_epoch() * spec.epochs;
+  for (std::int64_t s = 0; s < total; ++s) {
+    if (env.cancelled()) throw Cancelled();
+    if (s == total - trainer.steps_per_epoch()) trainer.reset_window();  // last epoch
+    const StepResult r = trainer.step();
+    loss_trace.x.push_back(static_cast<double>(s));
+    loss_trace.y.push_back(r.loss);
+    scale_trace.x.push_back(static_cast<double>(s));
+    scale_trace.y.push_back(r.scale);
+    if (hist_every > 0 && s % hist_every == 0)
+      for (std::size_t l = 0; l < hist_traces.size(); ++l) {
+        std::array<std::uint64_t, kHistBins> counts{};
+        for (double g : trainer.layer_params()[l]->grad) add_to_histogram(counts, g);
+        const Histogram h = normalise(counts);
+        hist_traces[l].x.insert(hist_traces[l].x.end(), kHistBins, static_cast<double>(s));
+        hist_traces[l].y.insert(hist_traces[l].y.end(), h.begin(), h.end());
+      }
+  }
+  result.traces["loss"] = std::move(loss_trace);
+  result.traces["loss_scale"] = std::move(scale_trace);
+  if (hist_every > 0)
+    for (std::size_t l = 0; l < hist_traces.size(); ++l)
+      result.traces["grad_hist_" + trainer.layer_names()[l]] = std::move(hist_traces[l]);
+
+  const Evaluation train_eval = trainer.evaluate_train(), test_eval = trainer.evaluate_test();
+  auto& m = result.metrics;
+  m["final_train_loss"] = train_eval.loss;
+  m["final_train_acc"] = train_eval.accuracy;
+  m["final_test_loss"] = test_eval.loss;
+  m["final_test_acc"] = test_eval.accuracy;
+  m["steps"] = static_cast<double>(total);
+  m["skipped_steps"] = static_cast<double>(trainer.skipped_steps());
+  m["final_loss_scale"] = trainer.loss_scale();
+  const UpdateCounts& counts = trainer.update_counts();
+  m["frac_lost_updates"] = counts.updates ? static_cast<double>(counts.lost) / static_cast<double>(counts.updates) : kNaN;
+  m["effective_lr"] = trainer.effective_lr();
+  m["effective_lr_rel_err"] = trainer.effective_lr_error_max();
+  std::uint64_t weights = 0, nonfinite = 0;
+  for (const Param& w : trainer.model().weights)
+    for (double v : w.value) {
+      ++weights;
+      if (!std::isfinite(v)) ++nonfinite;
+    }
+  m["frac_nonfinite_weights"] = static_cast<double>(nonfinite) / static_cast<double>(weights);
+  for (const std::string& name : layer_names()) {
+    m["frac_zero_grad_" + name] = kNaN;
+    m["grad_std_" + name] = kNaN;
+  }
+  for (std::size_t l = 0; l < trainer.layer_names().size(); ++l) {
+    const GradStats& run = trainer.run_stats[l];
+    m["frac_zero_grad_" + trainer.layer_names()[l]] =
+        run.count ? static_cast<double>(run.zeros) / static_cast<double>(run.count) : kNaN;
+    m["grad_std_" + trainer.layer_names()[l]] = trainer.window_stats[l].std_dev();
+  }
+  result.flags = trainer.flags();
+  return result;
+}
+
+Experiment make_train() {
+  Experiment e;
+  e.name = "train";
+  e.description = "MLP with batch norm trained on emulated arithmetic: update strategies, loss scaling, formats";
+  e.params = data_param_specs();
+  for (ParamSpec& s : run_param_specs()) e.params.push_back(std::move(s));
+  const std::vector<ParamSpec> more = {
+      string_param("unit", "fp32-seq", "matrix unit for every matmul (input format = act_format)", {},
+                   check_unit_name),
+      string_param("update", "fp32",
+                   "update strategy; fp32 = every tensor fp32 on fp32-seq, whatever the format and unit params say",
+                   names_of(kUpdateRuleNames)),
+      string_param("optimizer", "sgd", "optimiser", names_of(kOptimizerNames)),
+      real_param("momentum", 0.9, "momentum coefficient", 0.0, 1.0),
+      real_param("beta1", 0.9, "adam: first-moment decay", 0.0, 1.0),
+      real_param("beta2", 0.999, "adam: second-moment decay", 0.0, 1.0),
+      real_param("eps", 1e-8, "adam: epsilon, rounded into the update arithmetic's format", 0.0),
+      string_param("weight_format", "fp16", "weights as stored (fp16-*) or as the compute copy (fp32-master)", {},
+                   check_format_name),
+      string_param("act_format", "fp16", "activations", {}, check_format_name),
+      string_param("grad_format", "fp16", "activation and weight gradients", {}, check_format_name),
+      string_param("state_format", "auto", "optimiser state; auto = the update arithmetic's format", {},
+                   check_format_or_auto),
+      string_param("master_format", "fp32", "fp32-master: the master copy and its update arithmetic", {},
+                   check_format_name),
+      string_param("loss_format", "fp32", "softmax, loss and loss gradient", {}, check_format_name),
+      ParamSpec{"bn_fp32", ParamType::boolean, false, "batch-norm arithmetic and parameters in fp32", {}, {}, {}, {}},
+      string_param("loss_scale", "none", "none, a constant S, or dynamic", {}, check_loss_scale),
+      real_param("ls_init", 65536.0, "dynamic: initial loss scale", 0.0),
+      int_param("ls_interval", 2000, "dynamic: clean steps before the scale grows", 1, 1e12),
+      real_param("ls_growth", 2.0, "dynamic: growth factor", 1.0),
+      real_param("ls_backoff", 0.5, "dynamic: back-off factor on inf/NaN", 0.0, 1.0),
+      string_param("unscale", "grads", "divide gradients by S, or fold 1/S into the learning rate", {"grads", "lr"}),
+      int_param("hist_every", 0, "record gradient histograms every k steps (0 = never)", 0, 1e9),
+  };
+  e.params.insert(e.params.end(), more.begin(), more.end());
+  e.metrics = {
+      {"final_train_loss", "mean cross-entropy on the training split, fp64 evaluation of the final weights"},
+      {"final_train_acc", "accuracy on the training split"},
+      {"final_test_loss", "mean cross-entropy on the test split"},
+      {"final_test_acc", "accuracy on the test split"},
+      {"steps", "optimiser steps attempted"},
+      {"skipped_steps", "steps skipped by dynamic loss scaling (inf/NaN in a gradient)"},
+      {"final_loss_scale", "loss scale after the last step (1 without loss scaling)"},
+      {"frac_lost_updates", "non-zero weight updates that left the weight unchanged (swamping)"},
+      {"effective_lr", "learning rate as the weight update arithmetic held it in the last step (lr/S for unscale: lr)"},
+      {"effective_lr_rel_err", "largest relative rounding error of lr/S in the update format (1 = underflow to 0)"},
+      {"frac_nonfinite_weights", "fraction of final Linear weights that are inf or NaN"},
+  };
+  for (const std::string& name : layer_names()) {
+    e.metrics.push_back({"frac_zero_grad_" + name,
+                         "fraction of " + name + " weight-gradient values exactly zero (underflow or dead units), "
+                         "all applied steps; NaN if the layer is absent"});
+    e.metrics.push_back({"grad_std_" + name, "standard deviation of " + name +
+                                                 " weight gradients (divided by S), pooled over the last epoch"});
+  }
+  e.headline_metric = "final_test_acc";
+  e.traces = {{"loss", "mean batch loss as computed, per step"}, {"loss_scale", "loss scale used, per step"}};
+  for (const std::string& name : layer_names())
+    e.traces.push_back({"grad_hist_" + name,
+                        "every hist_every steps, 58 fractions of " + name +
+                            " weight gradients (times S): zero, [2^e, 2^(e+1)) for e = -40..15 (clamped), "
+                            "non-finite; x repeats the step 58 times"});
+  e.run = run_train;
+  e.check_point = [](const Params& p) -> std::string {
+    if (p.string("optimizer") == "adam" && p.string("unscale") == "lr")
+      return "unscale: lr does not apply to adam (its step m/sqrt(v) does not scale with the gradient)";
+    return "";
+  };
+  return e;
+}
+
+const Registration registration{make_train()};
+
+}  // namespace
+
+}  // namespace roundoff::train

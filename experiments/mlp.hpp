@@ -1,0 +1,266 @@
+// Low-precision training on emulated arithmetic: update strategies and optimisers for one
+// parameter tensor, a small MLP (Linear -> BatchNorm -> ReLU blocks, then Linear and
+// softmax cross-entropy) whose forward and backward passes round every operation through
+// emu, and a Trainer that runs one optimiser step at a time (with loss scaling) so that
+// experiments and benchmarks can drive it.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "datasets.hpp"
+#include "experiment.hpp"
+#include "emu/arith.hpp"
+#include "emu/format.hpp"
+#include "emu/unit.hpp"
+
+namespace roundoff::train {
+
+// How weights are stored and updated (the issue's `update` parameter).
+//  fp32:        everything fp32 (the baseline).
+//  fp16-rn:     weights in the weight format (fp16 or bf16), updated with rne: swamping.
+//  fp16-sr:     the same with stochastic rounding of the weight update (IPU Method 1).
+//  fp32-master: low-precision compute copy, fp32 master weights updated in fp32; the
+//               copy is rounded from the master after each step (Micikevicius et al.).
+//  fp16-kahan:  low-precision weights plus a low-precision Kahan compensation buffer.
+enum class UpdateRule { fp32, fp16_rn, fp16_sr, fp32_master, fp16_kahan };
+inline constexpr const char* kUpdateRuleNames[] = {"fp32", "fp16-rn", "fp16-sr", "fp32-master", "fp16-kahan"};
+UpdateRule update_rule_by_name(std::string_view name);  // throws std::invalid_argument
+
+enum class OptimizerKind { sgd, momentum, adam };
+inline constexpr const char* kOptimizerNames[] = {"sgd", "momentum", "adam"};
+OptimizerKind optimizer_by_name(std::string_view name);
+
+struct OptimizerSpec {
+  OptimizerKind kind = OptimizerKind::sgd;
+  double momentum = 0.9;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam
+};
+
+// Formats of one parameter tensor.
+struct ParamFormats {
+  emu::Format storage;  // the values forward and backward read
+  emu::Format arith;    // optimiser arithmetic and the update product lr * direction
+  emu::Format state;    // optimiser state (momentum buffer, adam m and v)
+  emu::Format master;   // fp32-master's master copy
+};
+
+struct Param {
+  std::vector<double> value;         // in storage format
+  std::vector<double> master;        // fp32-master only
+  std::vector<double> compensation;  // fp16-kahan only
+  std::vector<double> m, v;          // optimiser state
+  std::vector<double> grad;          // the gradient as backward left it (times the loss scale)
+};
+
+// Non-zero weight updates, and those lost to swamping (the stored weight, or for
+// fp32-master the master weight, did not change).
+struct UpdateCounts {
+  std::uint64_t updates = 0, lost = 0;
+};
+
+// One optimiser and update rule for one tensor. Per element, with g = grad / divisor
+// rounded into `arith` (a division when unscaling gradients, else a conversion):
+//  sgd:      d = g
+//  momentum: m = fma(mu, m, g) into `state`; d = m
+//  adam:     m = fma(b1, m, (1-b1) g), v = fma(b2, v, (1-b2) g g) into `state`;
+//            d = (m / c1) / (sqrt(v / c2) + eps) into `arith`, with c1 = 1 - b1^t and
+//            c2 = 1 - b2^t computed in fp64 and rounded into `arith`
+//  delta = lr * d into `arith`; then the rule applies w - delta (see UpdateRule).
+// Constants (mu, b1, 1-b1, b2, 1-b2, eps) are rounded into the format they are used in:
+// eps = 1e-8 becomes 0 in fp16 (smallest subnormal 2^-24 ~ 6e-8).
+class Updater {
+ public:
+  Updater(UpdateRule rule, OptimizerSpec opt, ParamFormats formats);
+  UpdateRule rule() const { return rule_; }
+  const ParamFormats& formats() const { return formats_; }
+  // Sets the tensor from fp64 initial values (rounded into master and storage formats).
+  void init(Param& p, const std::vector<double>& initial, emu::Context& ctx) const;
+  // Step t (1-based). `lr` must already be a value of formats().arith. `ctx` rounds to
+  // nearest; `sr_ctx` (stochastic) rounds fp16-sr's weight update.
+  void step(Param& p, std::int64_t t, double grad_divisor, double lr, emu::Context& ctx, emu::Context& sr_ctx,
+            UpdateCounts& counts) const;
+
+ private:
+  UpdateRule rule_;
+  OptimizerSpec opt_;
+  ParamFormats formats_;
+  double momentum_, beta1_, one_minus_beta1_, beta2_, one_minus_beta2_, eps_;  // rounded
+};
+
+// log2 histogram of magnitudes: bin 0 exact zeros; bins 1..56 |v| in [2^e, 2^(e+1)) for
+// e = -40..15, values below 2^-40 counted in bin 1 and at or above 2^16 in bin 56;
+// bin 57 non-finite. Counts are fractions of all values.
+inline constexpr int kHistLowExponent = -40, kHistHighExponent = 16;
+inline constexpr int kHistBins = 2 + (kHistHighExponent - kHistLowExponent);  // 58
+using Histogram = std::array<double, kHistBins>;
+void add_to_histogram(std::array<std::uint64_t, kHistBins>& counts, double v);
+Histogram normalise(const std::array<std::uint64_t, kHistBins>& counts);
+
+// Formats of the model's tensors (parameters have their own ParamFormats).
+struct ModelFormats {
+  emu::Format act;     // activations (matmul inputs, BN outputs, logits)
+  emu::Format grad;    // activation and weight gradients
+  emu::Format loss;    // softmax, log-sum-exp, loss and its gradient
+  emu::Format bn_fwd;  // batch-norm arithmetic, forward (act, or fp32 with bn_fp32)
+  emu::Format bn_bwd;  // batch-norm arithmetic, backward (grad, or fp32 with bn_fp32)
+};
+
+struct Evaluation {
+  double loss = 0.0, accuracy = 0.0;
+};
+
+// Linear -> BatchNorm -> ReLU per hidden width, then Linear (with bias) and softmax
+// cross-entropy. Hidden Linears have no bias (batch norm's beta replaces it). Batch
+// norm runs in training mode: it normalises with the statistics of the batch at hand
+// (there are no running averages), eps = 1e-5.
+class Mlp {
+ public:
+  Mlp(int inputs, std::vector<int> hidden, int classes, ModelFormats formats, const emu::MatrixUnit& unit);
+  int layers() const { return static_cast<int>(weights.size()); }
+
+  // Forward and backward on a batch (x: rows of `inputs` values of the act format).
+  // Leaves the gradients of the mean batch loss times `loss_scale` in each Param.grad
+  // and returns the mean batch loss as computed in the loss format.
+  double forward_backward(emu::Context& ctx, const std::vector<double>& x, const std::vector<int>& y,
+                          double loss_scale);
+  // The parameters' current values in fp64 arithmetic on a whole set, batch norm with the
+  // statistics of the whole set.
+  Evaluation evaluate(const data::Dataset& d) const;
+
+  std::vector<Param> weights;  // layer l: inputs x outputs, row-major
+  Param bias;                  // of the last layer
+  std::vector<Param> gamma, beta;  // per hidden layer
+
+ private:
+  void gemm(emu::Context& ctx, std::size_t m, std::size_t n, std::size_t k, const std::vector<double>& a,
+            const std::vector<double>& b, const emu::Format& out, std::vector<double>& c) const;
+
+  int inputs_, classes_;
+  std::vector<int> widths_;  // inputs, hidden..., classes
+  ModelFormats formats_;
+  const emu::MatrixUnit& unit_;
+  // Saved by the forward pass for the backward pass, per layer.
+  std::vector<std::vector<double>> layer_input_, xhat_, inv_std_, bn_out_;
+};
+
+enum class LossScaleKind { none, constant, dynamic };
+
+struct TrainSpec {
+  std::vector<int> hidden = {32};
+  std::string unit = "fp32-seq";
+  UpdateRule rule = UpdateRule::fp32;
+  OptimizerSpec optimizer;
+  double lr = 0.01;
+  int epochs = 5, batch = 32;
+  std::string weight_format = "fp16", act_format = "fp16", grad_format = "fp16", state_format = "auto",
+              master_format = "fp32", loss_format = "fp32";
+  bool bn_fp32 = false;
+  LossScaleKind loss_scale = LossScaleKind::none;
+  double scale = 1.0;  // constant S, or dynamic's initial S
+  std::int64_t scale_interval = 2000;
+  double scale_growth = 2.0, scale_backoff = 0.5;
+  bool unscale_lr = false;  // fold 1/S into the learning rate instead of dividing gradients
+};
+
+// Parses `loss_scale`: "none", "dynamic" or a positive number. Throws std::invalid_argument.
+void parse_loss_scale(const std::string& text, TrainSpec& spec);
+
+// Per-layer statistics of weight gradients (divided by the loss scale in fp64).
+struct GradStats {
+  std::uint64_t count = 0, zeros = 0;
+  double sum = 0.0, sum_squares = 0.0;
+  void add(double v);
+  double std_dev() const;
+};
+
+struct StepResult {
+  double loss = 0.0;    // mean batch loss as computed
+  double scale = 1.0;   // loss scale used in this step
+  bool skipped = false; // dynamic scaling found inf/NaN in a gradient
+};
+
+// Trains an Mlp with update rules, optimiser and loss scaling. Data order: a fresh
+// permutation of the training split per epoch; the last incomplete batch is dropped.
+// Random streams: initial weights (seed, 0, replica, 1) and batch order (seed, 0,
+// replica, 2) do not depend on the grid point, so points differ only in arithmetic;
+// stochastic rounding uses `rounding_stream`.
+class Trainer {
+ public:
+  Trainer(const TrainSpec& spec, std::shared_ptr<const data::Split> data, std::uint64_t seed,
+          std::uint32_t replica, emu::StreamId rounding_stream);
+  // One optimiser step on the next batch: the benchmark's unit of work.
+  StepResult step();
+  std::int64_t steps_per_epoch() const { return steps_per_epoch_; }
+  std::int64_t steps_taken() const { return steps_; }
+
+  Mlp& model() { return *model_; }
+  const Mlp& model() const { return *model_; }
+  // Layer names: l1.. for Linear weights, bn1.. for batch-norm gammas.
+  const std::vector<std::string>& layer_names() const { return layer_names_; }
+  const std::vector<const Param*>& layer_params() const { return layer_params_; }
+  double loss_scale() const { return scale_; }
+  std::int64_t skipped_steps() const { return skipped_; }
+  const UpdateCounts& update_counts() const { return counts_; }
+  // The learning rate as the weights' update arithmetic holds it last step (lr / S
+  // under unscale: lr), and the largest relative error of that rounding seen so far
+  // (1 = underflow to zero).
+  double effective_lr() const { return effective_lr_; }
+  double effective_lr_error_max() const { return effective_lr_error_max_; }
+  emu::Flags flags() const { return ctx_.status() | sr_ctx_.status(); }
+  // Gradient statistics per layer over all applied steps, and over a window the caller
+  // resets (e.g. at the start of the last epoch).
+  std::vector<GradStats> run_stats, window_stats;
+  void reset_window() { window_stats.assign(window_stats.size(), GradStats{}); }
+
+  Evaluation evaluate_train() const { return model_->evaluate(data_->train); }
+  Evaluation evaluate_test() const { return model_->evaluate(data_->test); }
+
+ private:
+  TrainSpec spec_;
+  std::shared_ptr<const data::Split> data_;
+  ModelFormats formats_;
+  std::unique_ptr<emu::MatrixUnit> unit_;
+  std::unique_ptr<Mlp> model_;
+  std::unique_ptr<Updater> weight_updater_, bn_updater_;
+  emu::Context ctx_, sr_ctx_;
+  emu::Rng order_rng_;
+  std::vector<double> train_x_;  // standardised inputs rounded into the act format
+  std::vector<std::size_t> order_;
+  std::int64_t steps_per_epoch_ = 0, steps_ = 0, applied_ = 0, skipped_ = 0, clean_run_ = 0;
+  double scale_ = 1.0, effective_lr_ = 0.0, effective_lr_error_max_ = 0.0;
+  UpdateCounts counts_;
+  std::vector<std::string> layer_names_;
+  std::vector<const Param*> layer_params_;
+};
+
+// The fraction of non-zero finite values that a cast into `f` after scaling by `scale`
+// (x * scale rounded once, rne, IEEE overflow) turns into zero, into inf/NaN, and into
+// subnormals (precision lost); the denominator is the count of non-zero finite values.
+struct CastLoss {
+  double underflow = 0.0, overflow = 0.0, subnormal = 0.0;
+};
+CastLoss cast_loss(const std::vector<double>& values, const emu::Format& f, double scale);
+
+// Experiment glue shared by train, updates and grad_underflow (defined in train.cpp).
+ParamSpec int_param(std::string name, std::int64_t def, std::string meaning, double min, double max);
+ParamSpec real_param(std::string name, double def, std::string meaning, std::optional<double> min = {},
+                     std::optional<double> max = {});
+ParamSpec string_param(std::string name, std::string def, std::string meaning, std::vector<std::string> allowed,
+                       std::function<std::string(const ParamValue&)> check = {});
+template <std::size_t N>
+std::vector<std::string> names_of(const char* const (&list)[N]) {
+  return {std::begin(list), std::end(list)};
+}
+// data, samples, features, classes, noise, test_fraction:
+std::vector<ParamSpec> data_param_specs();
+// layers, width1, width2, epochs, batch, lr:
+std::vector<ParamSpec> run_param_specs();
+std::shared_ptr<const data::Split> prepare_data(const Params& p, std::uint64_t seed);
+void read_run_params(const Params& p, TrainSpec& spec);
+
+}  // namespace roundoff::train

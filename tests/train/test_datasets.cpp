@@ -1,0 +1,150 @@
+// The training data pipeline: synthetic data, HDF5 input (and its errors), the split and
+// standardisation. Oracles: fp64 statistics computed here, files written here with the
+// HDF5 C API, and scikit-learn's digits as scripts/make_digits_h5.py writes them.
+#include <hdf5.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "experiments/datasets.hpp"
+#include "run_experiment.hpp"
+
+using namespace roundoff;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path temp_path(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("roundoff-train-test-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir / name;
+}
+
+void write_dataset(hid_t file, const char* name, hid_t type, const std::vector<hsize_t>& dims, const void* data) {
+  const hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+  const hid_t ds = H5Dcreate2(file, name, type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  H5Dwrite(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
+  H5Dclose(ds);
+  H5Sclose(space);
+}
+
+// x [n, d] float32 with x[i][j] = i + j / 10, y [n] int32 = i % classes; `with_y` false
+// leaves y out; `float_y` writes y as float.
+std::string write_file(const std::string& name, int n, int d, int classes, bool with_y = true, bool float_y = false) {
+  const std::string path = temp_path(name).string();
+  const hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  std::vector<float> x(static_cast<std::size_t>(n) * d);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < d; ++j) x[static_cast<std::size_t>(i) * d + j] = static_cast<float>(i) + static_cast<float>(j) / 10;
+  write_dataset(file, "x", H5T_NATIVE_FLOAT, {hsize_t(n), hsize_t(d)}, x.data());
+  std::vector<int> y(n);
+  std::vector<float> yf(n);
+  for (int i = 0; i < n; ++i) yf[i] = static_cast<float>(y[i] = i % classes);
+  if (with_y) write_dataset(file, "y", float_y ? H5T_NATIVE_FLOAT : H5T_NATIVE_INT, {hsize_t(n)}, float_y ? (const void*)yf.data() : (const void*)y.data());
+  H5Fclose(file);
+  return path;
+}
+
+void require_error(const std::string& path, const std::string& reason) {
+  try {
+    (void)data::load_h5(path);
+    FAIL("no error for " << path);
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(what.find(path) != std::string::npos);
+    CHECK(what.find(reason) != std::string::npos);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("synthetic data is deterministic from the seed", "[train][data]") {
+  const data::SyntheticSpec spec{200, 5, 4, 1.0, 7};
+  const data::Dataset a = data::make_synthetic(spec), b = data::make_synthetic(spec);
+  data::SyntheticSpec other = spec;
+  other.seed = 8;
+  const data::Dataset c = data::make_synthetic(other);
+  CHECK(a.x == b.x);
+  CHECK(a.y == b.y);
+  CHECK(a.x != c.x);
+  CHECK(a.classes == 4);
+  CHECK(a.x.size() == 200u * 5u);
+  for (int label : a.y) CHECK((label >= 0 && label < 4));
+}
+
+TEST_CASE("split is a deterministic partition and standardisation uses the training split", "[train][data]") {
+  const data::Dataset d = data::make_synthetic({500, 3, 5, 2.0, 3});
+  data::Split s = data::split(d, 0.2, 11);
+  const data::Split again = data::split(d, 0.2, 11);
+  CHECK(s.test.size() == 100u);
+  CHECK(s.train.size() == 400u);
+  CHECK(s.train.x == again.train.x);
+  CHECK(s.test.y == again.test.y);
+  // A partition: the multiset of rows is preserved (sum of every feature, in fp64).
+  for (int j = 0; j < 3; ++j) {
+    double whole = 0.0, parts = 0.0;
+    for (std::size_t i = 0; i < d.size(); ++i) whole += d.x[i * 3 + j];
+    for (const data::Dataset* p : {&s.train, &s.test})
+      for (std::size_t i = 0; i < p->size(); ++i) parts += p->x[i * 3 + j];
+    CHECK(parts == Approx(whole).epsilon(1e-12));
+  }
+  data::standardise(s);
+  for (int j = 0; j < 3; ++j) {
+    double sum = 0.0, squares = 0.0;
+    for (std::size_t i = 0; i < s.train.size(); ++i) sum += s.train.x[i * 3 + j];
+    const double mean = sum / static_cast<double>(s.train.size());
+    for (std::size_t i = 0; i < s.train.size(); ++i) squares += std::pow(s.train.x[i * 3 + j] - mean, 2);
+    CHECK(std::fabs(mean) < 1e-5);
+    CHECK(std::sqrt(squares / static_cast<double>(s.train.size())) == Approx(1.0).epsilon(1e-4));
+  }
+}
+
+TEST_CASE("HDF5 input is read as written, and bad files are refused with path and reason", "[train][data]") {
+  const std::string good = write_file("good.h5", 30, 4, 3);
+  const auto d = data::load_h5(good);
+  REQUIRE(d->size() == 30u);
+  CHECK(d->features == 4);
+  CHECK(d->classes == 3);
+  CHECK(d->x[7 * 4 + 2] == 7.2f);
+  CHECK(d->y[29] == 2);
+  CHECK(data::load_h5(good) == d);  // cached per path
+
+  require_error(temp_path("missing.h5").string(), "no such file");
+  require_error(write_file("no_y.h5", 10, 2, 2, false), "no dataset 'y'");
+  require_error(write_file("float_y.h5", 10, 2, 2, true, true), "integer");
+  const std::string text = temp_path("text.h5").string();
+  std::ofstream(text) << "not hdf5\n";
+  require_error(text, "not an HDF5 file");
+}
+
+TEST_CASE("train reports a missing data file as invalid_argument naming it", "[train][data]") {
+  const std::string missing = temp_path("nowhere.h5").string();
+  try {
+    (void)test::run_experiment("train", {{"data", missing}});
+    FAIL("no error");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()).find(missing) != std::string::npos);
+  }
+}
+
+TEST_CASE("scripts/make_digits_h5.py writes sklearn's 8x8 digits in the input layout", "[train][data]") {
+  if (std::system("/usr/bin/python3 -c 'import sklearn, h5py' >/dev/null 2>&1") != 0) {
+    WARN("skipped: /usr/bin/python3 lacks sklearn or h5py (Debian python3-sklearn, python3-h5py)");
+    return;
+  }
+  const std::string out = temp_path("digits.h5").string();
+  REQUIRE(std::system(("/usr/bin/python3 scripts/make_digits_h5.py " + out + " >/dev/null").c_str()) == 0);
+  const auto d = data::load_h5(out);
+  // UCI optical digits as sklearn ships them: 1797 images of 8x8 pixels, values 0..16.
+  CHECK(d->size() == 1797u);
+  CHECK(d->features == 64);
+  CHECK(d->classes == 10);
+  CHECK(*std::min_element(d->x.begin(), d->x.end()) == 0.0f);
+  CHECK(*std::max_element(d->x.begin(), d->x.end()) == 16.0f);
+}
