@@ -10,6 +10,7 @@
 #include <iostream>
 #include <optional>
 #include <sstream>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -51,12 +52,24 @@ struct Arguments {
 
 Arguments parse_arguments(int argc, char** argv) {
   Arguments args;
+  // A value may also be attached, as make and GNU tools allow: -j2, -oOUT.h5,
+  // --jobs=2, --output=OUT.h5, --describe=NAME.
+  std::optional<std::string> attached;
   const auto value_of = [&](int& i, const std::string& flag) -> std::string {
+    if (attached) return *std::exchange(attached, std::nullopt);
     if (i + 1 >= argc) throw InputError("sweep: " + flag + " needs a value (see sweep --help)");
     return argv[++i];
   };
   for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
+    std::string arg = argv[i];
+    attached.reset();
+    if (const auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      attached = arg.substr(eq + 1);
+      arg.resize(eq);
+    } else if (arg.size() > 2 && (arg.rfind("-j", 0) == 0 || arg.rfind("-o", 0) == 0)) {
+      attached = arg.substr(2);
+      arg.resize(2);
+    }
     if (arg == "-h" || arg == "--help") args.help = true;
     else if (arg == "--list") args.list = true;
     else if (arg == "--describe") args.describe = value_of(i, arg);
@@ -86,6 +99,7 @@ Arguments parse_arguments(int argc, char** argv) {
     } else {
       args.config = arg;
     }
+    if (attached) throw InputError("sweep: " + arg + " takes no value (see sweep --help)");
   }
   if (args.force && args.resume) throw InputError("sweep: --force and --resume exclude each other");
   if (!args.help && !args.list && !args.describe && !args.config)
