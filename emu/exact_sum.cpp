@@ -83,7 +83,9 @@ bool ExactSum::is_zero() const {
 }
 
 // The double nearest to the sum (ties to even); +-inf beyond double's range.
-double nearest_double(ExactSum s) {
+double nearest_double(ExactSum s) { return nearest_double_scaled(s, 0); }
+
+double nearest_double_scaled(ExactSum s, int scale) {
   s.normalise();
   auto& d = s.digits_;
   const bool negative = d[ExactSum::kDigits - 1] < 0;
@@ -102,7 +104,7 @@ double nearest_double(ExactSum s) {
   for (int i = 0; i < base; ++i) sticky |= d[i] != 0;
   const int length = 128 - (static_cast<std::uint64_t>(v >> 64) ? std::countl_zero(static_cast<std::uint64_t>(v >> 64))
                                                                  : 64 + std::countl_zero(static_cast<std::uint64_t>(v)));
-  int exponent = 32 * base + ExactSum::kLow;
+  int exponent = 32 * base + ExactSum::kLow + scale;
   // Keep 53 bits, or fewer where the result is a double subnormal (lsb 2^-1074), so that
   // this is the only rounding.
   const int lsb = std::max(exponent + length - 53, -1074);
@@ -129,7 +131,24 @@ Exact ExactSum::value() const {
   if (std::isinf(hi)) return {hi, 0.0, true};
   ExactSum rest = *this;
   rest.add(-hi);
-  return {hi, nearest_double(rest)};
+  double lo = nearest_double(rest);
+  // A residual below the normal range is held scaled (Exact::lo_scale), so that a
+  // non-zero residual never reads as zero and keeps its bits.
+  constexpr int kResidualScale = 1300;
+  int scale = 0;
+  if (std::fabs(lo) < std::numeric_limits<double>::min() && !rest.is_zero()) {
+    scale = kResidualScale;
+    lo = nearest_double_scaled(rest, scale);
+  }
+  // An inexact lo that lands on a power of two may sit exactly on half an ulp of hi and
+  // fake a tie for 52-bit formats: step it one double toward the true residual.
+  int e = 0;
+  if (lo != 0 && std::fabs(std::frexp(lo, &e)) == 0.5 && e - 1 - scale >= kLow) {
+    ExactSum beyond = rest;
+    beyond.add_scaled(1, e - 1 - scale, lo > 0);  // rest - lo * 2^-scale
+    if (!beyond.is_zero()) lo = std::nextafter(lo, std::signbit(nearest_double(beyond)) ? -HUGE_VAL : HUGE_VAL);
+  }
+  return {hi, lo, false, scale};
 }
 
 }  // namespace emu

@@ -32,6 +32,8 @@ class ExactSum {
   std::uint32_t pending_ = 0;  // adds since the last carry propagation
   double special_ = 0.0;       // sum of the NaN/inf terms (0 if none)
   friend double nearest_double(ExactSum s);
+  // The nearest double to the sum times 2^scale (for residuals below double's range).
+  friend double nearest_double_scaled(ExactSum s, int scale);
 };
 
 }  // namespace emu

@@ -11,14 +11,16 @@ namespace emu {
 // An exact real number x = hi + lo: hi is x rounded to the nearest double, and lo is
 // the residual x - hi, exact where it is a double (TwoSum, TwoProduct) and otherwise
 // (division, square root) correct in sign and accurate to double precision. Rounding
-// into a format with at most 52 fraction bits looks at lo only for its sign, except for
-// the probability of stochastic rounding.
-// `beyond_double` marks a finite x whose magnitude exceeds the largest double (the sum
-// or product of two large fp64 values); hi then holds +-inf for its sign.
-// hi may also be +-DBL_MAX for an x between the largest double and 2^1024 (it rounds to
-// inf in double, yet rz gives DBL_MAX without overflow); lo then holds x - hi.
+// into a format with fewer than 52 fraction bits looks at lo only for its sign, except
+// for the probability of stochastic rounding; 52-bit formats also ask whether lo is
+// exactly half an ulp of hi, so an inexact lo is never left on a power of two (the
+// exact_* functions and ExactSum step it one double toward the true residual).
+// `beyond_double` marks a finite x with |x| >= 2^1024 (the sum or product of two large
+// fp64 values); hi then holds +-inf for its sign. An x between the largest double and
+// 2^1024 has hi = +-DBL_MAX and lo = x - hi instead (it rounds to inf in double, yet rz
+// gives DBL_MAX without overflow).
 // `lo_scale` lets a residual below double's range be held: the residual is
-// lo * 2^-lo_scale (0 unless set by the exact_* functions for tiny results).
+// lo * 2^-lo_scale (0 unless set for tiny residuals by exact_* and ExactSum).
 struct Exact {
   double hi = 0.0;
   double lo = 0.0;
