@@ -1,5 +1,6 @@
 #include "format.hpp"
 
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -88,8 +89,9 @@ double Format::decode(std::uint64_t bits) const {
   } else if (field == 0) {
     magnitude = subnormals_ ? std::ldexp(static_cast<double>(fraction), emin_ - fraction_bits_) : 0.0;
   } else {
-    magnitude = std::ldexp(static_cast<double>(fraction | (fraction_mask_ + 1)),
-                           static_cast<int>(field) - bias_ - fraction_bits_);
+    // Normal: place the fields straight into a double (exact: every format fits).
+    const auto double_field = static_cast<std::uint64_t>(static_cast<int>(field) - bias_ + 1023);
+    magnitude = std::bit_cast<double>((double_field << 52) | (fraction << (52 - fraction_bits_)));
   }
   return negative ? -magnitude : magnitude;
 }
@@ -109,10 +111,19 @@ std::uint64_t Format::encode(double value) const {
   const std::uint64_t sign = std::signbit(value) ? sign_mask_ : 0;
   if (std::isnan(value)) return sign | quiet_nan_;
   if (std::isinf(value)) return sign | (has_infinity() ? exponent_mask_ : quiet_nan_);
-  if (!representable(value))
-    throw std::invalid_argument(name_ + ": value is not representable; round it first");
   const double a = std::fabs(value);
   if (a == 0.0) return sign;
+  // Fast path on the double's fields: a normal double whose value is a normal of this
+  // format with no bits below its last fraction bit.
+  const auto bits = std::bit_cast<std::uint64_t>(a);
+  const int double_field = static_cast<int>(bits >> 52);
+  const std::uint64_t low_bits = (std::uint64_t{1} << (52 - fraction_bits_)) - 1;
+  if (double_field != 0 && double_field - 1023 >= emin_ && (bits & low_bits) == 0 && a <= max_finite_) {
+    const auto field = static_cast<std::uint64_t>(double_field - 1023 + bias_);
+    return sign | (field << fraction_bits_) | ((bits >> (52 - fraction_bits_)) & fraction_mask_);
+  }
+  if (!representable(value))
+    throw std::invalid_argument(name_ + ": value is not representable; round it first");
   const int e = std::ilogb(a);
   if (e < emin_) {
     const auto fraction = static_cast<std::uint64_t>(std::ldexp(a, fraction_bits_ - emin_));

@@ -1,5 +1,6 @@
 #include "round.hpp"
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -69,6 +70,56 @@ bool stochastic_round_up(double frac, double ls, int sr_bits, Rng* rng) {
   return r < threshold;
 }
 
+// 2^e as a double, for e in double's normal exponent range.
+double pow2(int e) { return std::bit_cast<double>(static_cast<std::uint64_t>(e + 1023) << 52); }
+
+// The common case on integers: x is a normal double with no residual, and the result's
+// last kept bit lies 1..63 bits into x's significand (or x needs no rounding). Same
+// decisions as the general path below, without libm calls. Returns false when x is not
+// such a case.
+bool round_fast(const Format& f, double ax, bool negative, const RoundSpec& spec, Rng* rng, Flags& flags,
+                double& result) {
+  const auto bits = std::bit_cast<std::uint64_t>(ax);
+  const int field = static_cast<int>(bits >> 52);
+  if (field == 0) return false;  // double subnormal
+  const int e = field - 1023;
+  const int q = std::max(e, f.emin()) - f.fraction_bits();  // weight of the last kept bit
+  if (q < -1022) return false;
+  const std::uint64_t significand = (bits & ((std::uint64_t{1} << 52) - 1)) | (std::uint64_t{1} << 52);
+  const int shift = q - (e - 52);  // bits of the significand below the last kept bit
+  const bool tiny = ax < f.min_normal();
+  if (shift <= 0) {  // representable to the last bit; only the range can fail
+    if (ax > f.max_finite()) result = overflow_result(f, negative, spec, flags);
+    else result = negative ? -ax : ax;
+    return true;
+  }
+  if (shift > 63) return false;
+  const std::uint64_t n = significand >> shift;
+  const std::uint64_t rest = significand & ((std::uint64_t{1} << shift) - 1);
+  const std::uint64_t half = std::uint64_t{1} << (shift - 1);
+  const bool inexact = rest != 0;
+  bool up = false;
+  switch (spec.mode) {
+    case Rounding::rne: up = rest > half || (rest == half && (n & 1)); break;
+    case Rounding::rna: up = rest >= half; break;
+    case Rounding::rz: up = false; break;
+    case Rounding::ru: up = inexact && !negative; break;
+    case Rounding::rd: up = inexact && negative; break;
+    case Rounding::ro: up = inexact && !(n & 1); break;
+    case Rounding::sr:
+      up = inexact && stochastic_round_up(static_cast<double>(rest) * pow2(-shift), 0.0, spec.sr_bits, rng);
+      break;
+  }
+  const double magnitude = static_cast<double>(n + (up ? 1 : 0)) * pow2(q);  // exact: n + 1 <= 2^53
+  if (magnitude > f.max_finite()) {
+    result = overflow_result(f, negative, spec, flags);
+    return true;
+  }
+  if (inexact) flags |= tiny ? (INEXACT | UFLO) : INEXACT;
+  result = negative ? -magnitude : magnitude;
+  return true;
+}
+
 }  // namespace
 
 double round(const Format& f, const Exact& x, const RoundSpec& spec, Rng* rng, Flags& flags) {
@@ -107,6 +158,10 @@ double round(const Format& f, const Exact& x, const RoundSpec& spec, Rng* rng, F
     flags |= UFLO | INEXACT;
     return negative ? -0.0 : 0.0;
   }
+  if (lo == 0) {
+    double result;
+    if (round_fast(f, ax, negative, spec, rng, flags, result)) return result;
+  }
 
   const int p = f.fraction_bits();
   const int e = std::ilogb(ax);
@@ -134,7 +189,7 @@ double round(const Format& f, const Exact& x, const RoundSpec& spec, Rng* rng, F
   const double from_half = (frac - 0.5) + ls;
   const bool above_half = from_half > 0;
   const bool exact_half = from_half == 0;
-  const bool n_odd = std::fmod(n, 2.0) != 0;
+  const bool n_odd = (static_cast<std::uint64_t>(n) & 1) != 0;  // n < 2^54: an exact integer
 
   bool up = false;
   switch (spec.mode) {
