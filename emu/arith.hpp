@@ -59,6 +59,12 @@ class Context {
   double round_with(Rounding mode, const Format& f, const Exact& x, const char* op,
                     std::initializer_list<double> operands, Flags raised = 0);
 
+  // Raises flags that a unit computed itself (e.g. INEXACT collected over a block),
+  // updating the sticky status and trapping as the control says.
+  void raise_flags(Flags raised, const char* op, std::initializer_list<double> operands) {
+    raise(raised, op, operands);
+  }
+
   RoundSpec spec() const { return {control.effective_rounding(), control.overflow, control.sr_bits}; }
 
  private:

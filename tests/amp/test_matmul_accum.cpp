@@ -5,6 +5,7 @@
 #include <string>
 
 #include "experiments/experiment.hpp"
+#include "tests/run_experiment.hpp"
 
 using namespace roundoff;
 
@@ -16,23 +17,10 @@ const Experiment& experiment() {
   return *e;
 }
 
-// The defaults with some values replaced.
-Params params(const std::map<std::string, ParamValue>& changes) {
-  std::map<std::string, ParamValue> values;
-  for (const ParamSpec& spec : experiment().params) values[spec.name] = spec.default_value;
-  for (const auto& [name, value] : changes) {
-    REQUIRE(values.count(name) == 1);
-    values[name] = value;
-  }
-  return Params(values);
-}
+Params params(const std::map<std::string, ParamValue>& changes) { return testing::params_with(experiment(), changes); }
 
 RunResult run(const std::map<std::string, ParamValue>& changes, std::uint32_t replica = 0) {
-  const Params p = params(changes);
-  REQUIRE(experiment().check_point(p).empty());
-  RunEnv env;
-  env.stream = emu::StreamId{2024, 0, replica, 0};
-  return experiment().run(p, env);
+  return testing::run_experiment("matmul_accum", changes, emu::StreamId{2024, 0, replica, 0});
 }
 
 }  // namespace

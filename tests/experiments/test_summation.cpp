@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "emu/format.hpp"
-#include "run_experiment.hpp"
+#include "tests/run_experiment.hpp"
 
 using roundoff::ParamValue;
 using roundoff::testing::run_experiment;

@@ -9,7 +9,7 @@
 #include <numeric>
 #include <vector>
 
-#include "run_experiment.hpp"
+#include "tests/run_experiment.hpp"
 
 using roundoff::testing::run_experiment;
 

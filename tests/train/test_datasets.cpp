@@ -12,7 +12,7 @@
 #include <string>
 
 #include "experiments/datasets.hpp"
-#include "run_experiment.hpp"
+#include "tests/run_experiment.hpp"
 
 using namespace roundoff;
 namespace fs = std::filesystem;
@@ -126,7 +126,7 @@ TEST_CASE("HDF5 input is read as written, and bad files are refused with path an
 TEST_CASE("train reports a missing data file as invalid_argument naming it", "[train][data]") {
   const std::string missing = temp_path("nowhere.h5").string();
   try {
-    (void)test::run_experiment("train", {{"data", missing}});
+    (void)testing::run_experiment("train", {{"data", missing}});
     FAIL("no error");
   } catch (const std::invalid_argument& e) {
     CHECK(std::string(e.what()).find(missing) != std::string::npos);

@@ -6,7 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
-#include "run_experiment.hpp"
+#include "tests/run_experiment.hpp"
 
 using namespace roundoff;
 
@@ -18,7 +18,7 @@ std::map<std::string, double> train(Overrides extra) {
   Overrides p{{"samples", std::int64_t{1024}}, {"epochs", std::int64_t{4}}, {"width1", std::int64_t{16}},
               {"lr", 0.05}};
   for (auto& [k, v] : extra) p[k] = v;
-  return test::run_experiment("train", p).metrics;
+  return testing::run_experiment("train", p).metrics;
 }
 
 ParamValue s(const char* text) { return std::string(text); }
@@ -81,7 +81,7 @@ TEST_CASE("dynamic loss scaling: 2^16 never overflows here; 2^32 skips early, th
   Overrides p{{"samples", std::int64_t{1024}}, {"epochs", std::int64_t{4}}, {"width1", std::int64_t{16}},
               {"lr", 0.05}, {"update", s("fp16-rn")}, {"loss_scale", s("dynamic")},
               {"ls_init", 4294967296.0}, {"ls_interval", std::int64_t{20}}};
-  const RunResult r = test::run_experiment("train", p);
+  const RunResult r = testing::run_experiment("train", p);
   const std::vector<double>& scale = r.traces.at("loss_scale").y;
   REQUIRE(scale.size() == 100);
   // Early: every step overflows and halves S until the gradients fit.
@@ -125,7 +125,7 @@ TEST_CASE("unscale: lr folds 1/S into an fp16 learning rate, which can underflow
 TEST_CASE("grad_underflow: loss scaling moves fp16/fp8 gradients out of underflow and into overflow",
           "[train][findings]") {
   auto run = [](const char* format, double scale) {
-    return test::run_experiment("grad_underflow", {{"samples", std::int64_t{512}}, {"epochs", std::int64_t{2}},
+    return testing::run_experiment("grad_underflow", {{"samples", std::int64_t{512}}, {"epochs", std::int64_t{2}},
                                                    {"width1", std::int64_t{16}}, {"format", s(format)}, {"scale", scale}})
         .metrics;
   };

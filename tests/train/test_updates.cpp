@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "experiments/mlp.hpp"
-#include "run_experiment.hpp"
+#include "tests/run_experiment.hpp"
 
 using namespace roundoff;
 
@@ -13,7 +13,7 @@ TEST_CASE("fp16-rn follows hardware binary16 step by step", "[train][updates]") 
   // Constant gradient g, so every weight follows w <- fp16(w - fp16(lr16 * g16)).
   for (double w0 : {1.0, 0.25, 3.0}) {
     const double lr = 0.01, g = -0.037, steps = 300;
-    const RunResult r = test::run_experiment(
+    const RunResult r = testing::run_experiment(
         "updates", {{"update", std::string("fp16-rn")}, {"n", std::int64_t{4}}, {"steps", std::int64_t(steps)},
                     {"lr", lr}, {"mu", g}, {"sigma", 0.0}, {"w0", w0}});
     const _Float16 lr16 = static_cast<_Float16>(lr), g16 = static_cast<_Float16>(g);
@@ -32,7 +32,7 @@ TEST_CASE("an update below half an ulp is lost under fp16-rn and kept by the oth
   auto run = [&](const char* update) {
     auto p = base;
     p["update"] = std::string(update);
-    return test::run_experiment("updates", p).metrics;
+    return testing::run_experiment("updates", p).metrics;
   };
   const auto rn = run("fp16-rn"), sr = run("fp16-sr"), kahan = run("fp16-kahan"), master = run("fp32-master");
   CHECK(rn.at("final") == 1.0);
@@ -51,7 +51,7 @@ TEST_CASE("an update below half an ulp is lost under fp16-rn and kept by the oth
 TEST_CASE("updates: the ordering of strategies on a noisy gradient stream", "[train][updates]") {
   // The shipped config's setting (N(-0.01, 0.01) scaled by 0.01 on w0 = 1), smaller.
   auto drift = [](const char* update) {
-    return test::run_experiment("updates", {{"update", std::string(update)}, {"n", std::int64_t{200}}})
+    return testing::run_experiment("updates", {{"update", std::string(update)}, {"n", std::int64_t{200}}})
         .metrics.at("drift");
   };
   const double fp32 = drift("fp32"), rn = drift("fp16-rn"), sr = drift("fp16-sr"), kahan = drift("fp16-kahan"),

@@ -1,5 +1,6 @@
 // Runs a registered experiment in-process with every parameter at its default except
-// the ones given, as the sweep runner would after validation.
+// the ones given, as the sweep runner would after validation. Shared by the tests of
+// every experiment.
 #pragma once
 
 #include <map>
@@ -21,7 +22,7 @@ inline Params params_with(const Experiment& e, const std::map<std::string, Param
 }
 
 inline RunResult run_experiment(const std::string& name, const std::map<std::string, ParamValue>& overrides,
-                                emu::StreamId stream) {
+                                emu::StreamId stream = emu::StreamId{1, 0, 0, 0}) {
   const Experiment* e = find_experiment(name);
   if (!e) throw std::logic_error("no experiment " + name);
   const Params p = params_with(*e, overrides);
