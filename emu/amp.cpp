@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cfenv>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -12,6 +13,10 @@
 #include <vector>
 
 #include "exact_sum.hpp"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 namespace emu {
 
@@ -159,6 +164,37 @@ class AmpRun {
     return partial;
   }
 
+  // One phase when cfg.round_each_phase: `count` products added to the running value
+  // and rounded into fp32, then into the partials format.
+  double phase(double running, std::size_t count, const double* a, std::size_t sa, const double* b,
+               std::size_t sb) {
+    Terms terms;
+    terms.t[0] = running;
+    terms.n = 1;
+    add_products(terms, count, a, sa, b, sb);
+    resolve_specials(terms);
+    if (!terms.special) align(terms, 0, 0.0);
+    running = settle(terms, accumulator_, running);
+    if (cfg_.partials.precision() < accumulator_.precision())
+      running = round_into(cfg_.partials, Exact{running}, running, 0);
+    return running;
+  }
+
+  // The rounding of the running value into a pass's output format at the pass's end.
+  double end_pass(double running, const Format& out) { return round_into(out, Exact{running}, running, 0); }
+
+  // For callers that computed correctly rounded results themselves: INEXACT, raised with
+  // the next flush.
+  void note_inexact() { inexact_pending_ = true; }
+
+  // Context has no public way to raise a flag: rounding an exact zero raises exactly
+  // the flags handed to it.
+  void flush_inexact() {
+    if (!inexact_pending_) return;
+    inexact_pending_ = false;
+    (void)ctx_.round_with(Rounding::rne, accumulator_, Exact{0.0}, "amp", {}, INEXACT);
+  }
+
  private:
   // A phase's terms: slot 0 the running value, then the products.
   struct Terms {
@@ -248,14 +284,6 @@ class AmpRun {
     return ctx_.round_with(mode, f, x, "amp", {operand}, raised);
   }
 
-  // Context has no public way to raise a flag: rounding an exact zero raises exactly
-  // the flags handed to it.
-  void flush_inexact() {
-    if (!inexact_pending_) return;
-    inexact_pending_ = false;
-    (void)ctx_.round_with(Rounding::rne, accumulator_, Exact{0.0}, "amp", {}, INEXACT);
-  }
-
   double settle(const Terms& terms, const Format& f, double operand) {
     if (terms.special) return round_into(f, Exact{terms.value}, operand, terms.raised);
     return round_into(f, sum(terms), operand, terms.raised);
@@ -266,18 +294,9 @@ class AmpRun {
     const std::size_t per_phase = static_cast<std::size_t>(cfg_.products_per_phase);
     if (cfg_.round_each_phase) {
       double running = partial;
-      for (std::size_t start = 0; start < len; start += per_phase) {
-        Terms terms;
-        terms.t[0] = running;
-        terms.n = 1;
-        add_products(terms, std::min(per_phase, len - start), a + start * sa, sa, b + start * sb, sb);
-        resolve_specials(terms);
-        if (!terms.special) align(terms, 0, 0.0);
-        running = settle(terms, accumulator_, running);
-        if (cfg_.partials.precision() < accumulator_.precision())
-          running = round_into(cfg_.partials, Exact{running}, running, 0);
-      }
-      return round_into(out, Exact{running}, running, 0);  // f16v4sihoamp's fp16 output
+      for (std::size_t start = 0; start < len; start += per_phase)
+        running = phase(running, std::min(per_phase, len - start), a + start * sa, sa, b + start * sb, sb);
+      return end_pass(running, out);  // f16v4sihoamp's fp16 output
     }
     // Exact through the pass: collect every (aligned) term, round once at the end.
     Terms terms;
@@ -305,6 +324,399 @@ class AmpRun {
   bool inexact_pending_ = false;
 };
 
+// ---- The fast GEMM path -------------------------------------------------------------
+//
+// For the default configurations (fp16 inputs, exact phases of four products rounded
+// into fp32 with RNE after every phase, fp32 or fp16 partials rounded with RNE, no
+// traps) gemm runs a tile of output channels at once in AVX2 vectors of doubles, and
+// proves each phase exact instead of summing it exactly:
+//  1. fp16 x fp16 products are exact in double (at most 22 significant bits).
+//  2. If every term of a phase (the running value c and the products) is a multiple of
+//     2^L and their magnitudes add up to M <= 2^(L+53), every partial sum, in any
+//     order, is a multiple of 2^L below 2^(L+53) in magnitude, hence a double: the
+//     double sum is exact. Sufficient conditions, from bounds packed with the operands:
+//     the products' L >= LA + LB, the lowest set bits among the row's and the column's
+//     four values (each clamped to at most 37, which also bounds an all-zero group), so
+//     with T = 2^(LA+LB+52) and P = max |a_q| * sum |b_q| >= sum |a_q b_q|:
+//     (a) P <= T/2, checked for a whole tile of columns from the largest
+//         sum |b| / 2^LB among them (else column by column);
+//     (b) |c| <= T/2 with the tile's smallest LB: so M <= T (up to the rounding of the
+//         check, far below the factor 2 to 2^(L+53)), and |sum| < 2^127: no overflow;
+//     (c) c == 0, or |c| >= cmin = P' 2^-27 (1 + 2^-40) + 2^-100 with P' the tile's
+//         largest P: then M < |c| 2^28 <= 2^(lsb(c)+52), as lsb(c) >= exponent(c) - 23
+//         for an fp32 (or fp16) c; and L >= -124, so a non-zero sum is not tiny in fp32.
+//  3. The exact double converted to fp32 by the hardware under round-to-nearest
+//     (checked once per call, with no flushing of subnormals) is the model's RNE
+//     rounding, INEXACT iff the value changed; fp16 likewise (F16C, RNE given in the
+//     instruction), after checking that the fp32 value is zero or a normal fp16 one.
+//  4. A lane that fails a check redoes that phase through AmpRun, the exact model,
+//     which raises its own flags. Without traps flags are a set, so results and flags
+//     are those of AmpRun; tests/amp/test_amp_fast.cpp compares the two.
+// Builds without AVX2, FMA and F16C take the exact path.
+namespace fast {
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+constexpr std::size_t kLanes = 4;
+constexpr std::size_t kVectors = 4;
+constexpr std::size_t kTile = kLanes * kVectors;  // output channels per tile
+constexpr std::size_t kPhase = 4;                 // products per phase (the kernel's only shape)
+constexpr std::size_t kPanelRows = kPhase + 2;    // a phase's B rows, then sum |b| and 2^(LB+26)
+constexpr std::size_t kChunkPhases = 16;          // phases per chunk: 12 KiB of panel
+constexpr int kMaxLowestBit = 37;                 // also the bound of an all-zero group
+
+__m256d magnitude(__m256d x) { return _mm256_andnot_pd(_mm256_set1_pd(-0.0), x); }
+bool every_lane(__m256d mask) { return _mm256_movemask_pd(mask) == 0xF; }
+
+// Zero, or normal and finite in the format whose limits are given.
+__m128 normal_or_zero(__m128 x, float min_normal, float max_finite) {
+  const __m128 m = _mm_andnot_ps(_mm_set1_ps(-0.0f), x);
+  const __m128 in_range = _mm_and_ps(_mm_cmp_ps(m, _mm_set1_ps(min_normal), _CMP_GE_OQ),
+                                     _mm_cmp_ps(m, _mm_set1_ps(max_finite), _CMP_LE_OQ));
+  return _mm_or_ps(in_range, _mm_cmp_ps(x, _mm_setzero_ps(), _CMP_EQ_OQ));
+}
+
+__m128 to_fp16(__m128 x) { return _mm_cvtph_ps(_mm_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT)); }
+
+// The conversions round as the model only under round-to-nearest, without flushing
+// of subnormals.
+bool host_rounds_to_nearest() {
+  constexpr unsigned kRoundingControl = 0x6000, kFlushToZero = 0x8000, kDenormalsAreZero = 0x0040;
+  return std::fegetround() == FE_TONEAREST &&
+         (_mm_getcsr() & (kRoundingControl | kFlushToZero | kDenormalsAreZero)) == 0;
+}
+
+bool is_fp32_value_or_special(double x) { return !std::isfinite(x) || static_cast<double>(static_cast<float>(x)) == x; }
+
+// All-ones lanes where x is a finite fp16 value: the round trip through fp16 (F16C)
+// gives back exactly the fp16 values, and inf only where |x| > 65504.
+__m256d fp16_values(__m256d x) {
+  const __m256d back = _mm256_cvtps_pd(to_fp16(_mm256_cvtpd_ps(x)));
+  return _mm256_and_pd(_mm256_cmp_pd(back, x, _CMP_EQ_OQ),
+                       _mm256_cmp_pd(magnitude(x), _mm256_set1_pd(65504.0), _CMP_LE_OQ));
+}
+
+// 2^(lowest set bit of x + 26) for non-zero x; for zero 2^(kMaxLowestBit + 26), which
+// also clamps the result. The lowest set bit's value is |x| minus |x| with that bit
+// cleared (bits & (bits - 1), exact), or |x| itself when the fraction field is zero.
+__m256d lowest_bit_bounds(__m256d x) {
+  const __m256i bits = _mm256_castpd_si256(magnitude(x));
+  const __m256d cleared = _mm256_castsi256_pd(_mm256_and_si256(bits, _mm256_sub_epi64(bits, _mm256_set1_epi64x(1))));
+  const __m256i fraction = _mm256_and_si256(bits, _mm256_set1_epi64x((std::int64_t{1} << 52) - 1));
+  const __m256d power = _mm256_castsi256_pd(_mm256_cmpeq_epi64(fraction, _mm256_setzero_si256()));
+  const __m256d lowest = _mm256_blendv_pd(_mm256_sub_pd(magnitude(x), cleared), magnitude(x), power);
+  const __m256d sentinel = _mm256_set1_pd(std::ldexp(1.0, kMaxLowestBit));
+  const __m256d zero = _mm256_cmp_pd(x, _mm256_setzero_pd(), _CMP_EQ_OQ);
+  return _mm256_mul_pd(_mm256_min_pd(_mm256_blendv_pd(lowest, sentinel, zero), sentinel), _mm256_set1_pd(0x1p26));
+}
+
+double min_lane(__m256d x) {
+  const __m128d pair = _mm_min_pd(_mm256_castpd256_pd128(x), _mm256_extractf128_pd(x, 1));
+  return std::min(_mm_cvtsd_f64(pair), _mm_cvtsd_f64(_mm_unpackhi_pd(pair, pair)));
+}
+double max_lane(__m256d x) {
+  const __m128d pair = _mm_max_pd(_mm256_castpd256_pd128(x), _mm256_extractf128_pd(x, 1));
+  return std::max(_mm_cvtsd_f64(pair), _mm_cvtsd_f64(_mm_unpackhi_pd(pair, pair)));
+}
+
+// One phase of a row of A: its four values (a short last phase padded with -0, whose
+// products -0 leave every sum, signed zeros included, as it is), max |a| and the bound.
+struct RowPhase {
+  double a[kPhase];
+  double max_abs;
+  double bound;  // 2^(LA+26)
+};
+
+// The bounds of one phase over a tile of columns.
+struct TilePhase {
+  double min_bound;      // min 2^(LB+26)
+  double max_sum;        // max sum |b|
+  double max_sum_ratio;  // max sum |b| / 2^(LB+26)
+};
+
+class Gemm {
+ public:
+  Gemm(Context& ctx, const AmpConfig& cfg, std::size_t m, std::size_t n, std::size_t k)
+      : cfg_(cfg), run_(ctx, cfg), m_(m), n_(n), k_(k), phases_((k + kPhase - 1) / kPhase),
+        tiles_((n + kTile - 1) / kTile),
+        chunk_(static_cast<std::size_t>(cfg.phases_per_pass) *
+               ((kChunkPhases + static_cast<std::size_t>(cfg.phases_per_pass) - 1) /
+                static_cast<std::size_t>(cfg.phases_per_pass))) {}
+
+  // False, with nothing done, where an operand is not what the kernel takes (inputs not
+  // fp16 values, a finite partial that is not an fp32 value).
+  bool run(const double* A, std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) {
+    for (std::size_t i = 0; i < m_; ++i)
+      for (std::size_t j = 0; j < n_; ++j)
+        if (!is_fp32_value_or_special(C[i * ldc + j])) return false;
+    if (!pack_rows(A, lda) || !pack_panels(B, ldb)) return false;
+    // Tiles of columns, each over chunks of whole passes, each chunk over all rows: the
+    // chunk's panel stays in the L1 cache, the rows' values stream in order.
+    std::vector<Channels> channels(m_);
+    for (std::size_t tile = 0; tile < tiles_; ++tile) {
+      const std::size_t first_column = tile * kTile, width = std::min(kTile, n_ - first_column);
+      for (std::size_t i = 0; i < m_; ++i) {
+        channels[i] = Channels{};
+        std::copy(C + i * ldc + first_column, C + i * ldc + first_column + width, channels[i].running);
+      }
+      for (std::size_t start = 0; start < phases_; start += chunk_)
+        for (std::size_t i = 0; i < m_; ++i)
+          advance(tile, i, start, std::min(phases_, start + chunk_), channels[i].running, A, lda, B, ldb);
+      for (std::size_t i = 0; i < m_; ++i)
+        std::copy(channels[i].running, channels[i].running + width, C + i * ldc + first_column);
+    }
+    if (inexact_) run_.note_inexact();
+    run_.flush_inexact();
+    return true;
+  }
+
+ private:
+  std::size_t phase_length(std::size_t phase) const { return std::min(kPhase, k_ - phase * kPhase); }
+
+  // Chunk by chunk, row by row: the order in which the kernel reads them.
+  RowPhase& row_phase(std::size_t i, std::size_t p) { return rows_[((p / chunk_) * m_ + i) * chunk_ + p % chunk_]; }
+
+  // Both false where a value is not a finite fp16 value.
+  bool pack_rows(const double* A, std::size_t lda) {
+    rows_.resize(m_ * ((phases_ + chunk_ - 1) / chunk_) * chunk_);
+    __m256d valid = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
+    for (std::size_t i = 0; i < m_; ++i)
+      for (std::size_t p = 0; p < phases_; ++p) {
+        RowPhase& r = row_phase(i, p);
+        for (std::size_t q = 0; q < kPhase; ++q) r.a[q] = q < phase_length(p) ? A[i * lda + p * kPhase + q] : -0.0;
+        const __m256d a = _mm256_loadu_pd(r.a);
+        valid = _mm256_and_pd(valid, fp16_values(a));
+        r.max_abs = max_lane(magnitude(a));
+        r.bound = min_lane(lowest_bit_bounds(a));
+      }
+    return every_lane(valid);
+  }
+
+  // Per tile of kTile columns and per phase: the phase's rows of B (zero-padded), then
+  // per column sum |b| (exact: fp16 values within 2^-24 .. 2^16) and the bound, and
+  // the bounds over the tile (padding columns, all zero, change none of them).
+  bool pack_panels(const double* B, std::size_t ldb) {
+    panels_.assign(tiles_ * phases_ * kPanelRows * kTile, 0.0);
+    tile_bounds_.resize(tiles_ * phases_);
+    __m256d valid = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
+    for (std::size_t tile = 0; tile < tiles_; ++tile)
+      for (std::size_t p = 0; p < phases_; ++p) {
+        double* panel = panels_.data() + (tile * phases_ + p) * kPanelRows * kTile;
+        const std::size_t first_column = tile * kTile, width = std::min(kTile, n_ - first_column);
+        for (std::size_t q = 0; q < phase_length(p); ++q) {
+          const double* b = B + (p * kPhase + q) * ldb + first_column;
+          if (width == kTile) {  // a short fixed-size copy, which std::copy would not unroll
+            for (std::size_t v = 0; v < kVectors; ++v)
+              _mm256_storeu_pd(panel + q * kTile + v * kLanes, _mm256_loadu_pd(b + v * kLanes));
+          } else {
+            std::copy(b, b + width, panel + q * kTile);
+          }
+        }
+        __m256d min_bound = _mm256_set1_pd(std::numeric_limits<double>::infinity());
+        __m256d max_sum = _mm256_setzero_pd(), max_sum_ratio = _mm256_setzero_pd();
+        for (std::size_t v = 0; v < kVectors; ++v) {
+          __m256d sum = _mm256_setzero_pd();
+          __m256d bound = _mm256_set1_pd(std::numeric_limits<double>::infinity());
+          for (std::size_t q = 0; q < kPhase; ++q) {
+            const __m256d b = _mm256_loadu_pd(panel + q * kTile + v * kLanes);
+            valid = _mm256_and_pd(valid, fp16_values(b));
+            sum = _mm256_add_pd(sum, magnitude(b));
+            bound = _mm256_min_pd(bound, lowest_bit_bounds(b));
+          }
+          _mm256_storeu_pd(panel + kPhase * kTile + v * kLanes, sum);
+          _mm256_storeu_pd(panel + (kPhase + 1) * kTile + v * kLanes, bound);
+          min_bound = _mm256_min_pd(min_bound, bound);
+          max_sum = _mm256_max_pd(max_sum, sum);
+          max_sum_ratio = _mm256_max_pd(max_sum_ratio, _mm256_div_pd(sum, bound));  // exact: bound is 2^e
+        }
+        tile_bounds_[tile * phases_ + p] = {min_lane(min_bound), max_lane(max_sum), max_lane(max_sum_ratio)};
+      }
+    return every_lane(valid);
+  }
+
+  // The running values of one row over one tile of columns.
+  struct Channels {
+    alignas(32) double running[kTile];
+  };
+
+  std::size_t pass_end(std::size_t phase) const {
+    const auto per_pass = static_cast<std::size_t>(cfg_.phases_per_pass);
+    return std::min(phases_, (phase / per_pass + 1) * per_pass);
+  }
+
+  // Phases [begin, end) (whole passes) of row i over one tile: the kernel, the exact
+  // model for the lanes that fail a check, the passes' ends.
+  void advance(std::size_t tile, std::size_t i, std::size_t begin, std::size_t end, double* running,
+               const double* A, std::size_t lda, const double* B, std::size_t ldb) {
+    const std::size_t first_column = tile * kTile, width = std::min(kTile, n_ - first_column);
+    const bool half = is_fp16(cfg_.partials);
+    // Values from the kernel are zero or normal in the partials format, for which a
+    // pass's final rounding is the identity: it is needed only after a repair, and at
+    // the end for an output format other than the partials'.
+    bool repaired = false, output_rounded = false;
+    for (std::size_t p = begin; p < end;) {
+      const std::size_t stop = repaired ? pass_end(p) : end;
+      // Once INEXACT is known, the kernel stops looking for it.
+      p = half ? (inexact_ ? kernel<true, false>(tile, i, p, stop, running) : kernel<true, true>(tile, i, p, stop, running))
+               : (inexact_ ? kernel<false, false>(tile, i, p, stop, running) : kernel<false, true>(tile, i, p, stop, running));
+      if (p < stop) {
+        repair(p, i, first_column, width, running, A, lda, B, ldb);
+        repaired = true;
+        ++p;
+      }
+      if (repaired && p == pass_end(p - 1)) {
+        output_rounded = p == phases_;
+        end_pass(running, width, output_rounded ? cfg_.output : cfg_.partials);
+        repaired = false;
+      }
+    }
+    if (end == phases_ && !output_rounded && !same_layout(cfg_.output, cfg_.partials))
+      end_pass(running, width, cfg_.output);
+  }
+
+  // Phases [p, end) (within one chunk) of row i over one tile, without calls so that
+  // the running values stay in registers. Returns `end`, or the first phase where a
+  // lane failed a check, with `lanes` as before that phase and the phase's kernel
+  // results in failed_next_ and failed_fine_.
+  template <bool kHalfPartials, bool kTrackInexact>
+  std::size_t kernel(std::size_t tile, std::size_t i, std::size_t p, std::size_t end, double* lanes) {
+    const RowPhase* row = &row_phase(i, p);  // phases p .. end lie in one chunk: consecutive
+    const TilePhase* tile_bounds = tile_bounds_.data() + tile * phases_;
+    const double* panel = panels_.data() + (tile * phases_ + p) * kPanelRows * kTile;
+    const __m256d zero = _mm256_setzero_pd();
+    __m256d inexact = zero;
+    __m256d running[kVectors];
+    for (std::size_t v = 0; v < kVectors; ++v) running[v] = _mm256_load_pd(lanes + v * kLanes);
+    for (; p < end; ++p, ++row, panel += kPanelRows * kTile) {
+      const RowPhase& r = *row;
+      const TilePhase& t = tile_bounds[p];
+      // Conditions (a) to (c) of the comment above, as bounds on |c|.
+      const bool products_fit = r.max_abs * t.max_sum_ratio <= 0.5 * r.bound;
+      const __m256d c_max = _mm256_set1_pd(0.5 * r.bound * t.min_bound);
+      const __m256d c_min = _mm256_set1_pd(std::fma(r.max_abs * t.max_sum, 0x1.0000000001p-27, 0x1p-100));
+      const __m256d a0 = _mm256_set1_pd(r.a[0]), a1 = _mm256_set1_pd(r.a[1]), a2 = _mm256_set1_pd(r.a[2]),
+                    a3 = _mm256_set1_pd(r.a[3]);
+      __m256d next[kVectors], fine[kVectors];
+      __m256d all_fine = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
+      for (std::size_t v = 0; v < kVectors; ++v) {
+        const double* col = panel + v * kLanes;
+        const __m256d c = running[v];
+        __m256d products = _mm256_mul_pd(a0, _mm256_loadu_pd(col));
+        products = _mm256_fmadd_pd(a1, _mm256_loadu_pd(col + kTile), products);
+        products = _mm256_fmadd_pd(a2, _mm256_loadu_pd(col + 2 * kTile), products);
+        products = _mm256_fmadd_pd(a3, _mm256_loadu_pd(col + 3 * kTile), products);
+        const __m256d sum = _mm256_add_pd(c, products);
+        const __m256d c_magnitude = magnitude(c);
+        __m256d ok = _mm256_or_pd(_mm256_and_pd(_mm256_cmp_pd(c_magnitude, c_min, _CMP_GE_OQ),
+                                                _mm256_cmp_pd(c_magnitude, c_max, _CMP_LE_OQ)),
+                                  _mm256_cmp_pd(c, zero, _CMP_EQ_OQ));
+        if (!products_fit) {
+          const __m256d products_bound = _mm256_mul_pd(_mm256_set1_pd(r.max_abs), _mm256_loadu_pd(col + kPhase * kTile));
+          const __m256d half_bound =
+              _mm256_mul_pd(_mm256_set1_pd(0.5 * r.bound), _mm256_loadu_pd(col + (kPhase + 1) * kTile));
+          ok = _mm256_and_pd(ok, _mm256_cmp_pd(products_bound, half_bound, _CMP_LE_OQ));
+        }
+        const __m128 single = _mm256_cvtpd_ps(sum);
+        __m256d result = _mm256_cvtps_pd(single);
+        if constexpr (kTrackInexact) inexact = _mm256_or_pd(inexact, _mm256_and_pd(ok, _mm256_cmp_pd(result, sum, _CMP_NEQ_UQ)));
+        if constexpr (kHalfPartials) {
+          const __m128 half = to_fp16(single);
+          const __m128 half_ok = normal_or_zero(single, 0x1p-14f, 65504.0f);
+          ok = _mm256_and_pd(ok, _mm256_castsi256_pd(_mm256_cvtepi32_epi64(_mm_castps_si128(half_ok))));
+          result = _mm256_cvtps_pd(half);
+          if constexpr (kTrackInexact)
+            inexact = _mm256_or_pd(inexact, _mm256_and_pd(ok, _mm256_cmp_pd(result, sum, _CMP_NEQ_UQ)));
+        }
+        next[v] = result;
+        fine[v] = ok;
+        all_fine = _mm256_and_pd(all_fine, ok);
+      }
+      if (!every_lane(all_fine)) {
+        for (std::size_t v = 0; v < kVectors; ++v) {
+          _mm256_store_pd(failed_next_ + v * kLanes, next[v]);
+          _mm256_store_pd(failed_fine_ + v * kLanes, fine[v]);
+        }
+        break;
+      }
+      for (std::size_t v = 0; v < kVectors; ++v) running[v] = next[v];
+    }
+    for (std::size_t v = 0; v < kVectors; ++v) _mm256_store_pd(lanes + v * kLanes, running[v]);
+    if (kTrackInexact && _mm256_movemask_pd(inexact) != 0) inexact_ = true;
+    return p;
+  }
+
+  // The lanes of phase p that failed a check, through the exact model; the others
+  // take the kernel's results.
+  void repair(std::size_t p, std::size_t i, std::size_t first_column, std::size_t width, double* running,
+              const double* A, std::size_t lda, const double* B, std::size_t ldb) {
+    const std::size_t start = p * kPhase;
+    for (std::size_t l = 0; l < width; ++l)
+      running[l] = std::bit_cast<std::uint64_t>(failed_fine_[l]) != 0
+                       ? failed_next_[l]
+                       : run_.phase(running[l], phase_length(p), A + i * lda + start, 1,
+                                    B + start * ldb + first_column + l, ldb);
+  }
+
+  // The rounding into the pass's output format: the identity on values of the partials
+  // format that are zero or normal, fp32 to fp16 for an f16v4sihoamp last pass, the
+  // exact model for the rest.
+  void end_pass(double* values, std::size_t width, const Format& out) {
+    const bool to_half = is_fp16(out) && !is_fp16(cfg_.partials);
+    const auto min_normal = static_cast<float>(out.min_normal()), max_finite = static_cast<float>(out.max_finite());
+    for (std::size_t start = 0; start < width; start += kLanes) {
+      const __m128 single = _mm256_cvtpd_ps(_mm256_load_pd(values + start));  // exact: fp32 values
+      const int fine = _mm_movemask_ps(normal_or_zero(single, min_normal, max_finite));
+      alignas(16) float half[kLanes];
+      _mm_store_ps(half, to_fp16(single));
+      for (std::size_t l = start; l < std::min(width, start + kLanes); ++l) {
+        if ((fine >> (l - start) & 1) == 0) {
+          values[l] = run_.end_pass(values[l], out);
+        } else if (to_half) {
+          inexact_ |= half[l - start] != values[l];
+          values[l] = half[l - start];
+        }
+      }
+    }
+  }
+
+  const AmpConfig& cfg_;
+  AmpRun run_;
+  std::size_t m_, n_, k_, phases_, tiles_;
+  std::size_t chunk_;  // phases per chunk: whole passes, at least kChunkPhases
+  std::vector<RowPhase> rows_;
+  std::vector<double> panels_;
+  std::vector<TilePhase> tile_bounds_;
+  bool inexact_ = false;
+  // The kernel's results and checks (zero: failed) for the phase it stopped at.
+  alignas(32) double failed_next_[kTile];
+  alignas(32) double failed_fine_[kTile];
+};
+
+bool applies(const Context& ctx, const AmpConfig& cfg) {
+  const Rounding context_rounding = ctx.control.effective_rounding();
+  const bool narrow = is_fp16(cfg.partials) || is_fp16(cfg.output);
+  return is_fp16(cfg.input) && cfg.alignment_bits == AmpConfig::kExactPhase && cfg.round_each_phase &&
+         cfg.products_per_phase == static_cast<int>(kPhase) &&
+         cfg.accumulator_rounding.value_or(context_rounding) == Rounding::rne &&
+         (!narrow || context_rounding == Rounding::rne) && ctx.control.traps == 0 && host_rounds_to_nearest();
+}
+
+// C = A B + C through the fast path; false, with nothing done, where it does not apply.
+bool gemm(Context& ctx, const AmpConfig& cfg, std::size_t m, std::size_t n, std::size_t k, const double* A,
+          std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) {
+  if (m == 0 || n == 0 || k == 0 || !applies(ctx, cfg)) return false;
+  return Gemm(ctx, cfg, m, n, k).run(A, lda, B, ldb, C, ldc);
+}
+#else
+bool applies(const Context&, const AmpConfig&) { return false; }
+bool gemm(Context&, const AmpConfig&, std::size_t, std::size_t, std::size_t, const double*, std::size_t,
+          const double*, std::size_t, double*, std::size_t) {
+  return false;
+}
+#endif
+
+}  // namespace fast
+
 class AmpUnit final : public MatrixUnit {
  public:
   explicit AmpUnit(AmpConfig cfg) : cfg_(std::move(cfg)) {}
@@ -317,11 +729,13 @@ class AmpUnit final : public MatrixUnit {
              double c) const override {
     return AmpRun(ctx, cfg_).dot(k, a, sa, b, sb, c);
   }
-  // The same dot products in the same order as the default (so stochastic rounding
-  // draws the same random bits), with B transposed once so that every dot product
-  // reads contiguous memory.
+  // The vectorised path where it applies (see namespace fast); otherwise the same dot
+  // products in the same order as the default (so stochastic rounding draws the same
+  // random bits), with B transposed once so that every dot product reads contiguous
+  // memory.
   void gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
             const double* B, std::size_t ldb, double* C, std::size_t ldc) const override {
+    if (fast::gemm(ctx, cfg_, m, n, k, A, lda, B, ldb, C, ldc)) return;
     std::vector<double> columns(n * k);
     for (std::size_t q = 0; q < k; ++q)
       for (std::size_t j = 0; j < n; ++j) columns[j * k + q] = B[q * ldb + j];
@@ -382,6 +796,8 @@ double amp_dot(Context& ctx, const AmpConfig& cfg, std::size_t k, const double* 
                std::size_t sb, double c) {
   return AmpRun(ctx, cfg).dot(k, a, sa, b, sb, c);
 }
+
+bool amp_gemm_is_vectorised(const Context& ctx, const AmpConfig& cfg) { return fast::applies(ctx, cfg); }
 
 std::unique_ptr<MatrixUnit> make_amp_unit(const AmpConfig& cfg) {
   validate(cfg);

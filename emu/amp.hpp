@@ -111,7 +111,17 @@ double amp_dot(Context& ctx, const AmpConfig& cfg, std::size_t k, const double* 
 // The AMP as a MatrixUnit (kind ipu_amp, or ipu_amp_half for fp16 partials): gemm is
 // Poplar's matMul with the config's partialsType, every output channel one amp_dot.
 // Validates the config.
+// gemm's results and flags are those of amp_dot per channel, in row-major order; where
+// amp_gemm_is_vectorised says so, it computes them many channels at a time (proving
+// each phase's double sum exact, else taking amp_dot's exact path for that phase).
 std::unique_ptr<MatrixUnit> make_amp_unit(const AmpConfig& cfg);
+
+// Whether gemm takes its vectorised path under ctx: a build with AVX2, FMA and F16C;
+// fp16 inputs; exact phases (alignment_bits -1) of 4 products rounded after every phase;
+// every rounding RNE; no traps; the host rounding to nearest without flushing
+// subnormals. It also needs, checked per call, fp16 values in A and B and fp32 values
+// (or NaN, inf) in C. Only the speed depends on it.
+bool amp_gemm_is_vectorised(const Context& ctx, const AmpConfig& cfg);
 
 // make_unit's entry point: ipu-amp (half_partials false: fp16 in, fp32 partials and
 // out) and ipu-amp-half (fp16 in, fp16 partials and out); in = fp32 gives f32sisoamp,

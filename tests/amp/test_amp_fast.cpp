@@ -1,0 +1,306 @@
+// AMP gemm's vectorised path (emu/amp.cpp, namespace fast) against the exact path it
+// must reproduce: every element equal bit for bit to amp_dot (the exact model, itself
+// checked against Boost.Multiprecision in test_amp.cpp) and the same status flags, on
+// random and adversarial inputs: wide exponent spans, cancellation, rounding ties,
+// overflow, fp16 and fp32 subnormals, signed zeros, NaN and infinity.
+#include <catch2/catch.hpp>
+
+#include <bit>
+#include <cfenv>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "emu/amp.hpp"
+#include "emu/unit.hpp"
+
+using namespace emu;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kFloatMax = std::numeric_limits<float>::max();
+
+std::size_t pick(Rng& rng, std::size_t n) { return static_cast<std::size_t>(rng.next_u64() % n); }
+double sign(Rng& rng) { return (rng.next_u64() & 1) ? -1.0 : 1.0; }
+
+// An fp16 value with a binary exponent in [lo, hi] (subnormal below -14).
+double half_in(Rng& rng, int lo, int hi) {
+  const int e = lo + static_cast<int>(pick(rng, static_cast<std::size_t>(hi - lo + 1)));
+  return static_cast<double>(static_cast<_Float16>(sign(rng) * (1.0 + rng.uniform()) * std::ldexp(1.0, e)));
+}
+
+double float_in(Rng& rng, int lo, int hi) {
+  const int e = lo + static_cast<int>(pick(rng, static_cast<std::size_t>(hi - lo + 1)));
+  return static_cast<double>(static_cast<float>(sign(rng) * (1.0 + rng.uniform()) * std::ldexp(1.0, e)));
+}
+
+// How the operands are drawn.
+enum class Inputs {
+  normal,       // a few binades around 1, the common case
+  wide,         // fp16 exponents -24 .. 15 mixed within a phase: spans beyond 53 bits
+  sparse,       // many signed zeros and small integers: exact sums, zero results
+  cancelling,   // C cancels the first phase: zero and tiny (fp32 subnormal) results
+  ties,         // products of half an fp32 (or fp16) ulp of C: ties, decided by RNE or a tiny term
+  extremes,     // C near the fp32 or fp16 limits, subnormal, NaN or infinite
+  special_ab,   // a NaN or an infinity in A or B
+};
+const char* inputs_name(Inputs i) {
+  const char* names[] = {"normal", "wide", "sparse", "cancelling", "ties", "extremes", "special_ab"};
+  return names[static_cast<int>(i)];
+}
+
+double input_value(Rng& rng, Inputs kind) {
+  switch (kind) {
+    case Inputs::wide: return half_in(rng, -24, 15);
+    case Inputs::sparse: return pick(rng, 3) == 0 ? sign(rng) * 0.0 : sign(rng) * static_cast<double>(pick(rng, 9));
+    case Inputs::ties:  // powers of two 2^-24 .. 2^15: sums at ties, and tiny terms beyond 53 bits deciding them
+      return pick(rng, 4) != 0 ? sign(rng) * std::ldexp(1.0, static_cast<int>(pick(rng, 40)) - 24) : half_in(rng, -24, 15);
+    default: return half_in(rng, -6, 3);
+  }
+}
+
+double partial_value(Rng& rng, Inputs kind, bool half_partials) {
+  const double limit = half_partials ? 65504.0 : kFloatMax;
+  switch (kind) {
+    case Inputs::wide:  // zero: only the products' span decides whether the phase is exact in double
+      if (pick(rng, 3) == 0) return 0.0;
+      return half_partials ? half_in(rng, -24, 15) : float_in(rng, -149, 127);
+    case Inputs::sparse: return pick(rng, 2) == 0 ? sign(rng) * 0.0 : sign(rng) * static_cast<double>(pick(rng, 100));
+    case Inputs::ties:
+      if (pick(rng, 3) == 0) return 0.0;
+      return sign(rng) * std::ldexp(1.0, static_cast<int>(pick(rng, half_partials ? 40 : 70)) - (half_partials ? 24 : 30));
+    case Inputs::extremes:
+      switch (pick(rng, 6)) {
+        case 0: return sign(rng) * limit;
+        case 1: return sign(rng) * (limit - (half_partials ? 32.0 * static_cast<double>(pick(rng, 8)) : 0x1p104));
+        case 2: return half_partials ? half_in(rng, -24, -15) : float_in(rng, -149, -120);  // subnormal, tiny
+        case 3: return std::numeric_limits<double>::quiet_NaN();
+        case 4: return sign(rng) * kInf;
+        default: return half_partials ? half_in(rng, 10, 15) : float_in(rng, 100, 127);
+      }
+    default: return half_partials ? half_in(rng, -4, 6) : float_in(rng, -8, 8);
+  }
+}
+
+struct Problem {
+  std::size_t m, n, k;
+  std::vector<double> A, B, C;  // row-major, lda = k + 1, ldb = n + 3, ldc = n + 2
+  std::size_t lda() const { return k + 1; }
+  std::size_t ldb() const { return n + 3; }
+  std::size_t ldc() const { return n + 2; }
+};
+
+Problem make_problem(Rng& rng, std::size_t m, std::size_t n, std::size_t k, Inputs kind, bool half_partials) {
+  Problem p{m, n, k, {}, {}, {}};
+  p.A.assign(m * p.lda(), 0.0);
+  p.B.assign(k * p.ldb(), 0.0);
+  p.C.assign(m * p.ldc(), 0.0);
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t q = 0; q < k; ++q) p.A[i * p.lda() + q] = input_value(rng, kind);
+  for (std::size_t q = 0; q < k; ++q)
+    for (std::size_t j = 0; j < n; ++j) p.B[q * p.ldb() + j] = input_value(rng, kind);
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < n; ++j) {
+      double& c = p.C[i * p.ldc() + j];
+      c = partial_value(rng, kind, half_partials);
+      if (kind == Inputs::cancelling) {
+        // Minus the first phase's products, rounded into the partials format: the
+        // phase leaves its rounding error, or zero.
+        double first = 0;
+        for (std::size_t q = 0; q < std::min<std::size_t>(4, k); ++q) first += p.A[i * p.lda() + q] * p.B[q * p.ldb() + j];
+        c = half_partials ? static_cast<double>(static_cast<_Float16>(static_cast<float>(-first)))
+                          : static_cast<double>(static_cast<float>(-first));
+        if (pick(rng, 4) == 0) c = -c;  // then an exact doubling instead
+      }
+    }
+  if (kind == Inputs::special_ab) {
+    const double special[] = {std::numeric_limits<double>::quiet_NaN(), kInf, -kInf};
+    if (pick(rng, 2) == 0)
+      p.A[pick(rng, m) * p.lda() + pick(rng, k)] = special[pick(rng, 3)];
+    else
+      p.B[pick(rng, k) * p.ldb() + pick(rng, n)] = special[pick(rng, 3)];
+  }
+  return p;
+}
+
+std::uint64_t bits(double x) { return std::bit_cast<std::uint64_t>(x); }
+bool half_partials(const AmpConfig& cfg) { return cfg.partials == fp16(); }
+
+// C = A B + C through gemm and, element by element in row-major order, through dot
+// (AmpRun's exact path) under equal contexts: the results, the flags and, where a trap
+// throws, the elements written before it must agree.
+void compare(const MatrixUnit& unit, const FpControl& control, const Problem& p, const std::string& what) {
+  Context fast_ctx(control, Rng(StreamId{77})), exact_ctx(control, Rng(StreamId{77}));
+  std::vector<double> fast = p.C, exact = p.C;
+  bool fast_threw = false, exact_threw = false;
+  try {
+    unit.gemm(fast_ctx, p.m, p.n, p.k, p.A.data(), p.lda(), p.B.data(), p.ldb(), fast.data(), p.ldc());
+  } catch (const FpException&) {
+    fast_threw = true;
+  }
+  try {
+    for (std::size_t i = 0; i < p.m; ++i)
+      for (std::size_t j = 0; j < p.n; ++j)
+        exact[i * p.ldc() + j] = unit.dot(exact_ctx, p.k, p.A.data() + i * p.lda(), 1, p.B.data() + j, p.ldb(),
+                                          exact[i * p.ldc() + j]);
+  } catch (const FpException&) {
+    exact_threw = true;
+  }
+  INFO(what << " m " << p.m << " n " << p.n << " k " << p.k);
+  REQUIRE(fast_threw == exact_threw);
+  for (std::size_t i = 0; i < p.m; ++i)
+    for (std::size_t j = 0; j < p.n; ++j) {
+      const double x = fast[i * p.ldc() + j], y = exact[i * p.ldc() + j];
+      INFO("element (" << i << ", " << j << "): gemm " << x << " dot " << y << " C " << p.C[i * p.ldc() + j]);
+      REQUIRE(bits(x) == bits(y));
+    }
+  INFO("flags: gemm " << static_cast<int>(fast_ctx.status()) << " dot " << static_cast<int>(exact_ctx.status()));
+  REQUIRE(fast_ctx.status() == exact_ctx.status());
+}
+
+constexpr Inputs kAllInputs[] = {Inputs::normal, Inputs::wide,     Inputs::sparse,    Inputs::cancelling,
+                                 Inputs::ties,   Inputs::extremes, Inputs::special_ab};
+
+// Many small products (flags per gemm are then nearly per element) and a few larger
+// ones with several tiles and passes; n and k not multiples of the tile and the phase.
+void sweep(const MatrixUnit& unit, const FpControl& control, bool half_partials, std::uint64_t seed) {
+  Rng rng(StreamId{seed});
+  for (Inputs kind : kAllInputs) {
+    for (int trial = 0; trial < 60; ++trial) {
+      const std::size_t sizes_k[] = {1, 3, 4, 5, 8, 16, 17, 33, 64};
+      const Problem p = make_problem(rng, 1 + pick(rng, 2), 1 + pick(rng, 20), sizes_k[pick(rng, 9)], kind, half_partials);
+      compare(unit, control, p, std::string(inputs_name(kind)) + " small trial " + std::to_string(trial));
+    }
+    for (int trial = 0; trial < 3; ++trial) {
+      const Problem p = make_problem(rng, 5, 37 + pick(rng, 12), 90 + pick(rng, 80), kind, half_partials);
+      compare(unit, control, p, std::string(inputs_name(kind)) + " large trial " + std::to_string(trial));
+    }
+  }
+}
+
+bool vectorised_build() {
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+TEST_CASE("AMP gemm's vectorised path is bit- and flag-identical to the exact path", "[amp][fast]") {
+  struct Unit {
+    const char* name;
+    AmpConfig cfg;
+  };
+  AmpConfig two_phase_passes = amp_config(PartialsType::float32);
+  two_phase_passes.phases_per_pass = 2;  // pass ends inside the kernel's chunks of 16 phases
+  const Unit units[] = {
+      {"ipu-amp", amp_config(PartialsType::float32)},
+      {"ipu-amp-half", amp_config(PartialsType::half)},
+      {"ipu-amp, fp16 output (f16v4sihoamp)", amp_config(PartialsType::float32, fp16(), fp16())},
+      {"ipu-amp, 2 phases per pass", two_phase_passes},
+  };
+  FpControl saturate, nanoo, esr;
+  saturate.overflow = Overflow::saturate;
+  nanoo.overflow = Overflow::nan;
+  esr.esr = true;
+  if (!vectorised_build())
+    WARN("built without AVX2/FMA/F16C: gemm takes the exact path, which this test then checks against dot");
+  std::uint64_t seed = 100;
+  for (const Unit& u : units) {
+    const auto unit = make_amp_unit(u.cfg);
+    for (const FpControl& control : {FpControl{}, saturate, nanoo}) {
+      INFO(u.name << ", overflow " << overflow_name(control.overflow));
+      CHECK(amp_gemm_is_vectorised(Context(control), u.cfg) == vectorised_build());
+      sweep(*unit, control, half_partials(u.cfg), seed++);
+    }
+    // fp32 partials ignore esr (the accumulator rounds RNE): still vectorised.
+    INFO(u.name << " with esr");
+    CHECK(amp_gemm_is_vectorised(Context(esr), u.cfg) ==
+          (vectorised_build() && !half_partials(u.cfg) && u.cfg.output == fp32()));
+    sweep(*unit, esr, half_partials(u.cfg), seed++);
+  }
+}
+
+TEST_CASE("AMP gemm under other configurations and contexts equals the exact path", "[amp][fast]") {
+  FpControl trap_overflow, toward_zero;
+  trap_overflow.traps = OFLO | INV;
+  toward_zero.rounding = Rounding::rz;
+  AmpConfig follows_context = amp_config(PartialsType::float32);
+  follows_context.accumulator_rounding.reset();
+  AmpConfig aligned = amp_config(PartialsType::float32);
+  aligned.alignment_bits = 30;
+  std::uint64_t seed = 200;
+  for (const AmpConfig& cfg : {amp_config(PartialsType::half), follows_context, aligned}) {
+    const auto unit = make_amp_unit(cfg);
+    for (const FpControl& control : {FpControl{}, trap_overflow, toward_zero}) {
+      CHECK(amp_gemm_is_vectorised(Context(control), cfg) ==
+            (vectorised_build() && control.traps == 0 && control.rounding == Rounding::rne &&
+             cfg.alignment_bits == AmpConfig::kExactPhase));
+      sweep(*unit, control, half_partials(cfg), seed++);
+    }
+  }
+}
+
+TEST_CASE("AMP gemm: operands that are not fp16 (A, B) or fp32 (C) values take the exact path", "[amp][fast]") {
+  const auto unit = make_unit(UnitKind::ipu_amp);
+  Rng rng(StreamId{300});
+  for (int trial = 0; trial < 20; ++trial) {
+    Problem p = make_problem(rng, 2, 9, 12, Inputs::normal, false);
+    switch (trial % 3) {
+      case 0: p.A[pick(rng, 12)] = 1.0 + 0x1p-20; break;            // not an fp16 value
+      case 1: p.B[pick(rng, 9)] = 70000.0; break;                  // beyond fp16's range
+      default: p.C[pick(rng, 9)] = 1.0 + 0x1p-40; break;           // not an fp32 value
+    }
+    compare(*unit, FpControl{}, p, "non-format operand, trial " + std::to_string(trial));
+  }
+}
+
+TEST_CASE("AMP gemm: a tie decided by a term beyond double's 53 bits", "[amp][fast]") {
+  // 2^30 + 2^6 is an fp32 tie (ulp 2^7 at 2^30); 2^-48 = 2^-24 * 2^-24 (fp16 subnormals)
+  // lies 78 bits below 2^30 and decides it: rounded to double first, the sum would be
+  // the tie, and RNE would give 2^30 instead of 2^30 + 2^7.
+  const auto unit = make_unit(UnitKind::ipu_amp);
+  for (double tiny_sign : {1.0, -1.0}) {
+    for (double c : {0.0, 0x1p30}) {
+      const double a_first = c == 0 ? 0x1p15 : 0.0;  // with c = 2^30 the partial holds the 2^30
+      Problem p{1, 3, 4, {a_first, 0x1p3, tiny_sign * 0x1p-24, 0.0, 0.0}, {}, {}};
+      p.B.assign(4 * p.ldb(), 0.0);
+      for (std::size_t j = 0; j < 3; ++j) {
+        p.B[0 * p.ldb() + j] = 0x1p15;
+        p.B[1 * p.ldb() + j] = 0x1p3;
+        p.B[2 * p.ldb() + j] = 0x1p-24;
+      }
+      p.C = {c, c, c, 0, 0};
+      compare(*unit, FpControl{}, p, "tie beyond 53 bits, c " + std::to_string(c));
+      std::vector<double> C = p.C;
+      Context ctx;
+      unit->gemm(ctx, 1, 3, 4, p.A.data(), p.lda(), p.B.data(), p.ldb(), C.data(), p.ldc());
+      CHECK(C[0] == (tiny_sign > 0 ? 0x1p30 + 0x1p7 : 0x1p30));
+      CHECK(ctx.status() == INEXACT);
+    }
+  }
+}
+
+TEST_CASE("AMP gemm: a host rounding mode other than to-nearest turns the vectorised path off", "[amp][fast]") {
+  // The vectorised path rounds with the host's conversions: under another host mode it
+  // steps aside, and gemm still equals dot.
+  const AmpConfig cfg = amp_config(PartialsType::float32);
+  const auto unit = make_amp_unit(cfg);
+  Rng rng(StreamId{400});
+  const Problem p = make_problem(rng, 2, 7, 9, Inputs::normal, false);
+  {
+    struct RestoreNearest {
+      ~RestoreNearest() { std::fesetround(FE_TONEAREST); }
+    } restore;
+    REQUIRE(std::fesetround(FE_UPWARD) == 0);
+    CHECK_FALSE(amp_gemm_is_vectorised(Context(), cfg));
+    compare(*unit, FpControl{}, p, "host rounding upward");
+  }
+  CHECK(amp_gemm_is_vectorised(Context(), cfg) == vectorised_build());
+}
