@@ -95,9 +95,11 @@ class TensorCoreUnit final : public MatrixUnit {
 
   double dot(Context& ctx, std::size_t k, const double* a, std::size_t sa, const double* b,
              std::size_t sb, double c) const override;
-  // Decodes A and B once, then chains blocks along k per element: equal to dot() per
-  // element (the instruction shapes m8n8k4, m16n8k16, ... only cut k into chunks whose
-  // results are chained the same way).
+  // Equal to dot() per element, flags included (the instruction shapes m8n8k4,
+  // m16n8k16, ... only cut k into chunks whose results are chained the same way). Where
+  // the adder's terms fit 32-bit integers (every preset's native paths) it runs the
+  // integer adder across several output columns at once; otherwise, and for elements
+  // with NaN, infinity or overflow, the reference adder per element.
   void gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
             std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) const override;
   // Volta's instruction on 4x4 tiles (row-major): D = A * B + C.
@@ -116,6 +118,14 @@ class TensorCoreUnit final : public MatrixUnit {
   // Decodes x into value and exp; marks NaN and infinity in `special`. Throws
   // std::invalid_argument for a value outside the input format.
   void decode(double x, double& value, std::int32_t& exp, bool& special) const;
+  // dot() without raising INEXACT and UFLO into the context: they gather in `flags`.
+  double dot_gathering(Context& ctx, std::size_t k, const double* a, std::size_t sa, const double* b,
+                       std::size_t sb, double c, Flags& flags) const;
+  // gemm() on the integer adder (product_shift_ >= 0), and the reference gemm.
+  void gemm_columns(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
+                    std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) const;
+  void gemm_reference(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
+                      std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) const;
   // The adder on decoded, contiguous operands. INEXACT and UFLO gather in `flags` (they
   // never trap) and reach the context once per dot or gemm; OFLO goes straight through
   // the context (it may trap).
@@ -131,6 +141,11 @@ class TensorCoreUnit final : public MatrixUnit {
   Format adder_in_;                      // in_, or fp16 on the fp16 datapath
   std::optional<Format> result_format_;  // the e8m13 step, if any
   BlockFmaParams params_;
+  // The integer adder of gemm_columns: a product of two significands (integers below
+  // 2^(f+1), f the adder's fraction bits) shifted left by this is the product in units of
+  // 2^(E - kept_fraction_bits) before the alignment shift; -1 where that adder does not
+  // apply (terms beyond 32 bits, pair interleaving, c added after the products).
+  int product_shift_ = -1;
 };
 
 // A tensor-core preset (kind v100 ... b200) as a MatrixUnit; in defaults to fp16, out to
