@@ -24,7 +24,9 @@ double cpu_seconds() {
 
 // The reference: C += A * B in float, i-k-j order (the plain loop a programmer writes for
 // row-major data; the compiler vectorises the inner loop).
-void float_triple_loop(std::size_t n, const float* A, const float* B, float* C) {
+// noinline and aligned: where the linker places this loop moved its speed by up to
+// 1.8x, and every ratio below is measured against it.
+__attribute__((noinline, aligned(64))) void float_triple_loop(std::size_t n, const float* A, const float* B, float* C) {
   for (std::size_t i = 0; i < n; ++i)
     for (std::size_t p = 0; p < n; ++p) {
       const float a = A[i * n + p];
