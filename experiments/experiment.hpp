@@ -37,6 +37,17 @@ struct ParamSpec {
   std::function<std::string(const ParamValue&)> check;
 };
 
+// The one way to declare a parameter (bounds inclusive; `allowed` lists the spellings a
+// string may take, `check` validates what a list cannot, e.g. any format name).
+ParamSpec int_param(std::string name, std::int64_t default_value, std::string meaning,
+                    std::optional<double> min = {}, std::optional<double> max = {});
+ParamSpec real_param(std::string name, double default_value, std::string meaning, std::optional<double> min = {},
+                     std::optional<double> max = {});
+ParamSpec string_param(std::string name, std::string default_value, std::string meaning,
+                       std::vector<std::string> allowed = {},
+                       std::function<std::string(const ParamValue&)> check = {});
+ParamSpec bool_param(std::string name, bool default_value, std::string meaning);
+
 // Validated parameter values of one grid point, by name. Lookups of unknown names or of
 // the wrong type are programming errors (std::logic_error): validation happened before.
 class Params {

@@ -247,11 +247,6 @@ struct CastLoss {
 CastLoss cast_loss(const std::vector<double>& values, const emu::Format& f, double scale);
 
 // Experiment glue shared by train, updates and grad_underflow (defined in train.cpp).
-ParamSpec int_param(std::string name, std::int64_t def, std::string meaning, double min, double max);
-ParamSpec real_param(std::string name, double def, std::string meaning, std::optional<double> min = {},
-                     std::optional<double> max = {});
-ParamSpec string_param(std::string name, std::string def, std::string meaning, std::vector<std::string> allowed,
-                       std::function<std::string(const ParamValue&)> check = {});
 template <std::size_t N>
 std::vector<std::string> names_of(const char* const (&list)[N]) {
   return {std::begin(list), std::end(list)};

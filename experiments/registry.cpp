@@ -65,6 +65,23 @@ std::string check_with(const ParamValue& v, void (*parse)(const std::string&)) {
 
 }  // namespace
 
+ParamSpec int_param(std::string name, std::int64_t default_value, std::string meaning, std::optional<double> min,
+                    std::optional<double> max) {
+  return ParamSpec{std::move(name), ParamType::integer, default_value, std::move(meaning), {}, min, max, {}};
+}
+ParamSpec real_param(std::string name, double default_value, std::string meaning, std::optional<double> min,
+                     std::optional<double> max) {
+  return ParamSpec{std::move(name), ParamType::real, default_value, std::move(meaning), {}, min, max, {}};
+}
+ParamSpec string_param(std::string name, std::string default_value, std::string meaning,
+                       std::vector<std::string> allowed, std::function<std::string(const ParamValue&)> check) {
+  return ParamSpec{std::move(name), ParamType::string, std::move(default_value), std::move(meaning),
+                   std::move(allowed), {}, {}, std::move(check)};
+}
+ParamSpec bool_param(std::string name, bool default_value, std::string meaning) {
+  return ParamSpec{std::move(name), ParamType::boolean, default_value, std::move(meaning), {}, {}, {}, {}};
+}
+
 std::int64_t Params::integer(const std::string& name) const { return get_as<std::int64_t>(values_, name); }
 const std::string& Params::string(const std::string& name) const { return get_as<std::string>(values_, name); }
 bool Params::boolean(const std::string& name) const { return get_as<bool>(values_, name); }

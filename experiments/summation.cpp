@@ -126,38 +126,30 @@ Experiment summation_experiment() {
   Experiment e;
   e.name = "summation";
   e.description = "sum of n terms of a series in a format: recursive, pairwise or Kahan; error vs the exact sum";
-  // Designated initializers leave the optional fields (allowed, min, max, check) empty on
-  // purpose; GCC 12 warns about that under -Wextra.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
   e.params = {
-      {.name = "series", .type = ParamType::string, .default_value = std::string("harmonic"),
-       .meaning = "terms: harmonic (1/k, k = 1..n), uniform01 (uniform in [0,1)), normal (standard), "
-                  "constant (every term = value); random terms come from lane 1 of the run's stream, "
-                  "stochastic rounding from lane 0",
-       .allowed = {"harmonic", "uniform01", "normal", "constant"}},
-      {.name = "n", .type = ParamType::integer, .default_value = std::int64_t{1000},
-       .meaning = "number of terms", .min = 1, .max = 1e8},
-      {.name = "format", .type = ParamType::string, .default_value = std::string("fp16"),
-       .meaning = "format of the terms and of every operation (fp64 fp32 tf32 bf16 fp16 fp8-e5m2 fp8-e4m3 eXmY)",
-       .check = check_format_name},
-      {.name = "rounding", .type = ParamType::string, .default_value = std::string("rne"),
-       .meaning = "rounding of every addition (terms enter the format with rne): rne rna rz ru rd ro sr",
-       .check = check_rounding_name},
-      {.name = "algorithm", .type = ParamType::string, .default_value = std::string("recursive"),
-       .meaning = "recursive (s += t_k), pairwise (recursive halving) or kahan (compensated)",
-       .allowed = {"recursive", "pairwise", "kahan"}},
-      {.name = "sr_bits", .type = ParamType::integer, .default_value = std::int64_t{0},
-       .meaning = "random bits of stochastic rounding: 0 = exact probabilities, k = hardware-style k-bit",
-       .min = 0, .max = 64},
-      {.name = "value", .type = ParamType::real, .default_value = 1.0,
-       .meaning = "the term of series=constant (rounded into the format with rne)"},
-      {.name = "trace_every", .type = ParamType::integer, .default_value = std::int64_t{0},
-       .meaning = "record the running sum every this many terms (and at 0 and n); 0 = none; "
-                  "pairwise has no running sum and records none",
-       .min = 0},
+      string_param("series", "harmonic",
+                   "terms: harmonic (1/k, k = 1..n), uniform01 (uniform in [0,1)), normal (standard), "
+                   "constant (every term = value); random terms come from lane 1 of the run's stream, "
+                   "stochastic rounding from lane 0",
+                   {"harmonic", "uniform01", "normal", "constant"}),
+      int_param("n", 1000, "number of terms", 1, 1e8),
+      string_param("format", "fp16",
+                   "format of the terms and of every operation (fp64 fp32 tf32 bf16 fp16 fp8-e5m2 fp8-e4m3 eXmY)", {},
+                   check_format_name),
+      string_param("rounding", "rne",
+                   "rounding of every addition (terms enter the format with rne): rne rna rz ru rd ro sr", {},
+                   check_rounding_name),
+      string_param("algorithm", "recursive",
+                   "recursive (s += t_k), pairwise (recursive halving) or kahan (compensated)",
+                   {"recursive", "pairwise", "kahan"}),
+      int_param("sr_bits", 0, "random bits of stochastic rounding: 0 = exact probabilities, k = hardware-style k-bit",
+                0, 64),
+      real_param("value", 1.0, "the term of series=constant (rounded into the format with rne)"),
+      int_param("trace_every", 0,
+                "record the running sum every this many terms (and at 0 and n); 0 = none; "
+                "pairwise has no running sum and records none",
+                0),
   };
-#pragma GCC diagnostic pop
   e.metrics = {
       {"final", "the computed sum"},
       {"exact", "the exact sum of the rounded terms (nearest double)"},

@@ -74,37 +74,23 @@ Experiment swamping_experiment() {
   Experiment e;
   e.name = "swamping";
   e.description = "x <- round(x + addend) repeated: small addends swamped by a growing sum (IPU SR tutorial)";
-  // Designated initializers leave the optional fields (allowed, min, max, check) empty on
-  // purpose; GCC 12 warns about that under -Wextra.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
   e.params = {
-      {.name = "format", .type = ParamType::string, .default_value = std::string("fp16"),
-       .meaning = "number format of x and the addend (fp64 fp32 tf32 bf16 fp16 fp8-e5m2 fp8-e4m3 eXmY)",
-       .check = check_format_name},
-      {.name = "rounding", .type = ParamType::string, .default_value = std::string("rne"),
-       .meaning = "rounding of each addition: rne rna rz ru rd ro sr", .check = check_rounding_name},
-      {.name = "addend", .type = ParamType::real, .default_value = 1e-4,
-       .meaning = "value added at each step; rounded into the format first with rne"},
-      {.name = "steps", .type = ParamType::integer, .default_value = std::int64_t{10000},
-       .meaning = "number of additions", .min = 1, .max = 1e9},
-      {.name = "initial", .type = ParamType::real, .default_value = 0.0,
-       .meaning = "starting value of x; rounded into the format first with rne"},
-      {.name = "sr_bits", .type = ParamType::integer, .default_value = std::int64_t{0},
-       .meaning = "random bits of stochastic rounding: 0 = exact probabilities, k = hardware-style k-bit",
-       .min = 0, .max = 64},
-      {.name = "subnormals", .type = ParamType::boolean, .default_value = true,
-       .meaning = "whether the format keeps subnormals (false: flush to zero)"},
-      {.name = "overflow", .type = ParamType::string, .default_value = std::string("inf"),
-       .meaning = "what an overflowing sum becomes: inf, saturate (to max) or nan (IPU NANOO)",
-       .allowed = {"inf", "saturate", "nan"}},
-      {.name = "rng", .type = ParamType::string, .default_value = std::string("philox"),
-       .meaning = "random source of stochastic rounding: philox or ipu (xoroshiro128aox)",
-       .allowed = {"philox", "ipu"}},
-      {.name = "trace_every", .type = ParamType::integer, .default_value = std::int64_t{0},
-       .meaning = "record x every this many steps (and at steps 0 and the last); 0 = no trace", .min = 0},
+      string_param("format", "fp16",
+                   "number format of x and the addend (fp64 fp32 tf32 bf16 fp16 fp8-e5m2 fp8-e4m3 eXmY)", {},
+                   check_format_name),
+      string_param("rounding", "rne", "rounding of each addition: rne rna rz ru rd ro sr", {}, check_rounding_name),
+      real_param("addend", 1e-4, "value added at each step; rounded into the format first with rne"),
+      int_param("steps", 10000, "number of additions", 1, 1e9),
+      real_param("initial", 0.0, "starting value of x; rounded into the format first with rne"),
+      int_param("sr_bits", 0, "random bits of stochastic rounding: 0 = exact probabilities, k = hardware-style k-bit",
+                0, 64),
+      bool_param("subnormals", true, "whether the format keeps subnormals (false: flush to zero)"),
+      string_param("overflow", "inf", "what an overflowing sum becomes: inf, saturate (to max) or nan (IPU NANOO)",
+                   {"inf", "saturate", "nan"}),
+      string_param("rng", "philox", "random source of stochastic rounding: philox or ipu (xoroshiro128aox)",
+                   {"philox", "ipu"}),
+      int_param("trace_every", 0, "record x every this many steps (and at steps 0 and the last); 0 = no trace", 0),
   };
-#pragma GCC diagnostic pop
   e.metrics = {
       {"final", "x after the last step"},
       {"exact", "steps * addend + initial computed exactly (addend and initial as rounded into the format)"},

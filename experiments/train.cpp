@@ -40,24 +40,10 @@ std::vector<std::string> layer_names() {
 
 }  // namespace
 
-ParamSpec int_param(std::string name, std::int64_t def, std::string meaning, double min, double max) {
-  return ParamSpec{std::move(name), ParamType::integer, def, std::move(meaning), {}, min, max, {}};
-}
-ParamSpec real_param(std::string name, double def, std::string meaning, std::optional<double> min,
-                     std::optional<double> max) {
-  return ParamSpec{std::move(name), ParamType::real, def, std::move(meaning), {}, min, max, {}};
-}
-ParamSpec string_param(std::string name, std::string def, std::string meaning, std::vector<std::string> allowed,
-                       std::function<std::string(const ParamValue&)> check) {
-  return ParamSpec{std::move(name), ParamType::string, def, std::move(meaning), std::move(allowed), {}, {},
-                   std::move(check)};
-}
-
 std::vector<ParamSpec> data_param_specs() {
   return {
-      ParamSpec{"data", ParamType::string, std::string("synthetic"),
-                "'synthetic' (Gaussian clusters from the seed) or an HDF5 file with x [N, D] float and y [N] int",
-                {}, {}, {}, {}},
+      string_param("data", "synthetic",
+                   "'synthetic' (Gaussian clusters from the seed) or an HDF5 file with x [N, D] float and y [N] int"),
       int_param("samples", 2048, "synthetic: number of samples", 20, 1e7),
       int_param("features", 32, "synthetic: input dimension", 1, 1e5),
       int_param("classes", 10, "synthetic: number of classes", 2, 1000),
@@ -215,7 +201,7 @@ Experiment make_train() {
       string_param("master_format", "fp32", "fp32-master: the master copy and its update arithmetic", {},
                    check_format_name),
       string_param("loss_format", "fp32", "softmax, loss and loss gradient", {}, check_format_name),
-      ParamSpec{"bn_fp32", ParamType::boolean, false, "batch-norm arithmetic and parameters in fp32", {}, {}, {}, {}},
+      bool_param("bn_fp32", false, "batch-norm arithmetic and parameters in fp32"),
       string_param("loss_scale", "none", "none, a constant S, or dynamic", {}, check_loss_scale),
       real_param("ls_init", 65536.0, "dynamic: initial loss scale", 0.0),
       int_param("ls_interval", 2000, "dynamic: clean steps before the scale grows", 1, 1e12),
