@@ -551,7 +551,7 @@ double TensorCoreUnit::chain(Context& ctx, std::size_t k, Operands a, Operands b
 
 void TensorCoreUnit::commit(Context& ctx, Flags flags) const {
   // INEXACT and UFLO do not trap; raising them once is the same as raising them per block.
-  if (flags != 0) ctx.round_with(params_.final_rounding, out_, Exact{0.0}, "mma", {}, flags);
+  if (flags != 0) ctx.raise_flags(flags, "mma", {});
 }
 
 double TensorCoreUnit::special_dot(Context& ctx, std::size_t k, const double* a, std::size_t sa, const double* b,
