@@ -1,0 +1,290 @@
+// Emulated training throughput of the digits MLP (64 -> 32 -> BatchNorm -> ReLU -> 10,
+// batch 32, SGD lr 0.05, loss scale 128; configs/train_digits.yaml) per matrix unit,
+// single thread, as samples/s and as a ratio to the same model written in plain float32
+// C++ and trained on the same data in the same run. Times are thread CPU time, so that
+// other work on a shared machine does not enter the ratios. Never fails on speed.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "emu/unit.hpp"
+#include "experiments/datasets.hpp"
+#include "experiments/mlp.hpp"
+
+namespace {
+
+using roundoff::data::Dataset;
+using roundoff::data::Split;
+
+constexpr int kHidden = 32, kBatch = 32;
+constexpr double kLearningRate = 0.05;
+constexpr std::uint64_t kSeed = 2026;
+constexpr double kStepCpuBudget = 5.0;  // seconds of CPU per unit at most
+constexpr int kMaxSteps = 300, kMinSteps = 10;
+
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// Samples/s over all steps and over the fastest chunk of kChunkSteps consecutive steps:
+// even thread CPU time varies by some 20% between runs on a loaded machine (shared
+// caches), and the best chunk is the steadier figure for the ratios.
+class Throughput {
+ public:
+  static constexpr int kChunkSteps = 30;
+  void add_step(double seconds) {
+    total_ += seconds;
+    chunk_ += seconds;
+    if (++steps_ % kChunkSteps == 0) {
+      best_chunk_ = std::min(best_chunk_, chunk_);
+      chunk_ = 0.0;
+    }
+  }
+  int steps() const { return steps_; }
+  double cpu_seconds() const { return total_; }
+  double mean() const { return steps_ * kBatch / total_; }
+  double best() const { return steps_ < kChunkSteps ? mean() : kChunkSteps * kBatch / best_chunk_; }
+
+ private:
+  int steps_ = 0;
+  double total_ = 0.0, chunk_ = 0.0, best_chunk_ = 1e300;
+};
+
+// The same model in native float: hidden Linear without bias, batch norm in training
+// mode (batch statistics, eps 1e-5), ReLU, Linear with bias, softmax cross-entropy,
+// plain SGD. No loss scaling: float32 needs none at this size.
+class FloatMlp {
+ public:
+  FloatMlp(int inputs, int hidden, int classes, unsigned seed)
+      : in_(inputs), hid_(hidden), cls_(classes), w1_(inputs * hidden), w2_(hidden * classes),
+        gamma_(hidden, 1.0f), beta_(hidden, 0.0f), b2_(classes, 0.0f) {
+    std::mt19937 gen(seed);
+    std::normal_distribution<float> n1(0.0f, std::sqrt(2.0f / inputs)), n2(0.0f, std::sqrt(2.0f / hidden));
+    for (float& v : w1_) v = n1(gen);
+    for (float& v : w2_) v = n2(gen);
+  }
+
+  // One SGD step on a batch (x: batch x inputs); returns the mean batch loss.
+  float step(const float* x, const int* y, int batch, float lr) {
+    const int B = batch, D = in_, H = hid_, C = cls_;
+    h_.assign(B * H, 0.0f);
+    for (int i = 0; i < B; ++i)
+      for (int p = 0; p < D; ++p) {
+        const float a = x[i * D + p];
+        for (int j = 0; j < H; ++j) h_[i * H + j] += a * w1_[p * H + j];
+      }
+    xhat_.resize(B * H);
+    z_.resize(B * H);
+    inv_std_.resize(H);
+    for (int j = 0; j < H; ++j) {
+      float mean = 0.0f, var = 0.0f;
+      for (int i = 0; i < B; ++i) mean += h_[i * H + j];
+      mean /= static_cast<float>(B);
+      for (int i = 0; i < B; ++i) var += (h_[i * H + j] - mean) * (h_[i * H + j] - mean);
+      var /= static_cast<float>(B);
+      inv_std_[j] = 1.0f / std::sqrt(var + 1e-5f);
+      for (int i = 0; i < B; ++i) {
+        xhat_[i * H + j] = (h_[i * H + j] - mean) * inv_std_[j];
+        z_[i * H + j] = gamma_[j] * xhat_[i * H + j] + beta_[j];
+      }
+    }
+    act_.resize(B * H);
+    for (int k = 0; k < B * H; ++k) act_[k] = std::max(z_[k], 0.0f);
+    logits_.assign(B * C, 0.0f);
+    for (int i = 0; i < B; ++i) {
+      for (int c = 0; c < C; ++c) logits_[i * C + c] = b2_[c];
+      for (int p = 0; p < H; ++p) {
+        const float a = act_[i * H + p];
+        for (int c = 0; c < C; ++c) logits_[i * C + c] += a * w2_[p * C + c];
+      }
+    }
+    // Softmax cross-entropy; dlogits = (softmax - onehot) / B.
+    float loss = 0.0f;
+    for (int i = 0; i < B; ++i) {
+      float* l = &logits_[i * C];
+      const float top = *std::max_element(l, l + C);
+      float sum = 0.0f;
+      for (int c = 0; c < C; ++c) sum += std::exp(l[c] - top);
+      loss += std::log(sum) + top - l[y[i]];
+      for (int c = 0; c < C; ++c) l[c] = std::exp(l[c] - top) / sum / static_cast<float>(B);
+      l[y[i]] -= 1.0f / static_cast<float>(B);
+    }
+    // Backward.
+    dact_.assign(B * H, 0.0f);
+    for (int i = 0; i < B; ++i)
+      for (int p = 0; p < H; ++p) {
+        float s = 0.0f;
+        for (int c = 0; c < C; ++c) s += logits_[i * C + c] * w2_[p * C + c];
+        dact_[i * H + p] = z_[i * H + p] > 0.0f ? s : 0.0f;  // through ReLU
+      }
+    for (int p = 0; p < H; ++p)
+      for (int c = 0; c < C; ++c) {
+        float g = 0.0f;
+        for (int i = 0; i < B; ++i) g += act_[i * H + p] * logits_[i * C + c];
+        w2_[p * C + c] -= lr * g;
+      }
+    for (int c = 0; c < C; ++c) {
+      float g = 0.0f;
+      for (int i = 0; i < B; ++i) g += logits_[i * C + c];
+      b2_[c] -= lr * g;
+    }
+    // Batch norm: dh = inv_std / B * (B dxhat - sum dxhat - xhat sum(dxhat xhat)).
+    for (int j = 0; j < H; ++j) {
+      float dgamma = 0.0f, dbeta = 0.0f;
+      for (int i = 0; i < B; ++i) {
+        dgamma += dact_[i * H + j] * xhat_[i * H + j];
+        dbeta += dact_[i * H + j];
+      }
+      const float sum_dxhat = gamma_[j] * dbeta, sum_dxhat_xhat = gamma_[j] * dgamma;
+      for (int i = 0; i < B; ++i)
+        h_[i * H + j] = inv_std_[j] / static_cast<float>(B) *
+                        (static_cast<float>(B) * gamma_[j] * dact_[i * H + j] - sum_dxhat -
+                         xhat_[i * H + j] * sum_dxhat_xhat);
+      gamma_[j] -= lr * dgamma;
+      beta_[j] -= lr * dbeta;
+    }
+    for (int p = 0; p < D; ++p)
+      for (int j = 0; j < H; ++j) {
+        float g = 0.0f;
+        for (int i = 0; i < B; ++i) g += x[i * D + p] * h_[i * H + j];
+        w1_[p * H + j] -= lr * g;
+      }
+    return loss / static_cast<float>(B);
+  }
+
+ private:
+  int in_, hid_, cls_;
+  std::vector<float> w1_, w2_, gamma_, beta_, b2_;
+  std::vector<float> h_, xhat_, z_, inv_std_, act_, logits_, dact_;  // reused per step
+};
+
+// Trains the float model on the training split in the Trainer's manner (a fresh
+// permutation per epoch, the last incomplete batch dropped); returns samples/s.
+Throughput run_float_reference(const Dataset& train, int steps, bool print_loss) {
+  FloatMlp model(train.features, kHidden, train.classes, static_cast<unsigned>(kSeed));
+  std::mt19937 gen(static_cast<unsigned>(kSeed) + 1);
+  std::vector<std::size_t> order(train.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  const int per_epoch = static_cast<int>(train.size()) / kBatch;
+  std::vector<float> x(static_cast<std::size_t>(kBatch) * train.features);
+  std::vector<int> y(kBatch);
+  Throughput rate;
+  double epoch_loss = 0.0;
+  for (int s = 0; s < steps; ++s) {
+    const int in_epoch = s % per_epoch;
+    if (in_epoch == 0) std::shuffle(order.begin(), order.end(), gen);
+    for (int i = 0; i < kBatch; ++i) {
+      const std::size_t sample = order[static_cast<std::size_t>(in_epoch * kBatch + i)];
+      y[i] = train.y[sample];
+      std::copy_n(train.x.begin() + static_cast<std::ptrdiff_t>(sample * train.features), train.features,
+                  x.begin() + static_cast<std::ptrdiff_t>(i * train.features));
+    }
+    const double start = cpu_seconds();
+    const float loss = model.step(x.data(), y.data(), kBatch, static_cast<float>(kLearningRate));
+    rate.add_step(cpu_seconds() - start);
+    epoch_loss += loss;
+    if (print_loss && (in_epoch == per_epoch - 1)) {
+      std::printf("  float32 reference, epoch %d: mean train loss %.4f\n", s / per_epoch + 1, epoch_loss / per_epoch);
+      epoch_loss = 0.0;
+    }
+  }
+  return rate;
+}
+
+// The digits file if it exists (relative to the working directory, or the path given
+// as the first argument), else synthetic data of the same shape.
+std::shared_ptr<const Split> load_data(const std::string& path, std::string& source) {
+  Split s;
+  if (std::filesystem::exists(path)) {
+    source = path + " (8x8 digits)";
+    s = roundoff::data::split(*roundoff::data::load_h5(path), 0.2, kSeed);
+  } else {
+    source = "synthetic, 1797 x 64, 10 classes (" + path +
+             " not found: run /usr/bin/python3 scripts/make_digits_h5.py, or pass the file's path)";
+    s = roundoff::data::split(roundoff::data::make_synthetic({1797, 64, 10, 1.5, kSeed}), 0.2, kSeed);
+  }
+  roundoff::data::standardise(s);
+  return std::make_shared<const Split>(std::move(s));
+}
+
+struct Measured {
+  Throughput rate;
+  double first_loss = 0.0, last_loss = 0.0;  // mean batch loss, first and last epoch's worth of steps
+};
+
+// Steps a Trainer until kMaxSteps or kStepCpuBudget, timing step() alone.
+Measured measure_trainer(roundoff::train::Trainer& trainer) {
+  Measured m;
+  std::vector<double> losses;
+  while (m.rate.steps() < kMaxSteps && (m.rate.steps() < kMinSteps || m.rate.cpu_seconds() < kStepCpuBudget)) {
+    const double start = cpu_seconds();
+    losses.push_back(trainer.step().loss);
+    m.rate.add_step(cpu_seconds() - start);
+  }
+  const auto window = static_cast<std::ptrdiff_t>(std::min<std::int64_t>(m.rate.steps(), trainer.steps_per_epoch()));
+  m.first_loss = std::accumulate(losses.begin(), losses.begin() + window, 0.0) / static_cast<double>(window);
+  m.last_loss = std::accumulate(losses.end() - window, losses.end(), 0.0) / static_cast<double>(window);
+  return m;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string source;
+  const std::shared_ptr<const Split> data = load_data(argc > 1 ? argv[1] : "results/digits.h5", source);
+  std::printf("Training throughput, digits MLP %d -> %d -> BatchNorm -> ReLU -> %d, batch %d, SGD lr %.2f\n",
+              data->train.features, kHidden, data->train.classes, kBatch, kLearningRate);
+  std::printf("data: %s, %zu training samples\n", source.c_str(), data->train.size());
+  std::printf("single thread; times are thread CPU time (CLOCK_THREAD_CPUTIME_ID), the machine is shared\n");
+  std::printf("emulated runs: update fp32-master, fp16 weights/activations/gradients, loss scale 128;\n"
+              "  'fp32 baseline' is update rule fp32 (all fp32, fp32-seq unit) in the same emulator\n");
+
+  // The float reference learns (loss per epoch falls), so the comparison is with a
+  // working model; then it is timed on as many steps as the largest emulated run.
+  const int per_epoch = static_cast<int>(data->train.size()) / kBatch;
+  run_float_reference(data->train, 8 * per_epoch, true);
+  const Throughput float_rate = run_float_reference(data->train, 20 * kMaxSteps, false);
+  std::printf("float32 reference: %.0f samples/s mean, %.0f best %d-step chunk (%d steps)\n\n", float_rate.mean(),
+              float_rate.best(), Throughput::kChunkSteps, float_rate.steps());
+
+  std::printf("%-16s %6s %11s %11s %10s %10s %24s\n", "unit", "steps", "samples/s", "(best)", "emu/float", "(best)",
+              "loss 1st -> last epoch");
+  auto report = [&](const std::string& label, const roundoff::train::TrainSpec& spec) {
+    try {
+      roundoff::train::Trainer trainer(spec, data, kSeed, 0, emu::StreamId{kSeed, 0, 0, 3});
+      const Measured m = measure_trainer(trainer);
+      std::printf("%-16s %6d %11.0f %11.0f %10.4f %10.4f %14.4f -> %.4f\n", label.c_str(), m.rate.steps(),
+                  m.rate.mean(), m.rate.best(), m.rate.mean() / float_rate.mean(), m.rate.best() / float_rate.best(),
+                  m.first_loss, m.last_loss);
+    } catch (const std::invalid_argument& e) {
+      std::printf("%-16s not available: %s\n", label.c_str(), e.what());
+    }
+    std::fflush(stdout);
+  };
+
+  roundoff::train::TrainSpec spec;
+  spec.hidden = {kHidden};
+  spec.batch = kBatch;
+  spec.lr = kLearningRate;
+  roundoff::train::parse_loss_scale("128", spec);
+  spec.rule = roundoff::train::UpdateRule::fp32;
+  report("fp32 baseline", spec);
+  spec.rule = roundoff::train::UpdateRule::fp32_master;
+  for (const char* const* name = emu::unit_names(); *name; ++name) {
+    spec.unit = *name;
+    report(*name, spec);
+  }
+  std::printf("\nemu/float: emulated samples/s divided by the float32 reference's (same data, same run);\n"
+              "(best): the same from each run's fastest %d-step chunk\n", Throughput::kChunkSteps);
+  return 0;
+}
