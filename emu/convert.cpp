@@ -306,9 +306,92 @@ void patterns_to_floats(const std::uint16_t* patterns, float* out, std::size_t c
   for (; j < count; ++j) out[j] = std::bit_cast<float>(to_float_bits<T>(patterns[j]));
 }
 
+#if defined(__F16C__) && defined(__AVX2__)
+// fp16 rne with the hardware conversion, which is exact IEEE round-to-nearest-even with
+// subnormals and infinities (imm8 rounding, MXCSR default: no DAZ). Integer masks add
+// what it lacks: emu's flags (INEXACT when the widened result differs from x, OFLO when
+// a finite x gives inf, UFLO when tiny before rounding and inexact), NaN canonicalisation,
+// the saturate and nan overflow policies, and the flush of subnormals off; the last three
+// are blends done only for vectors that have such a lane. The last n % 8 elements take
+// the integer kernel.
+template <class Out, Overflow Policy, bool Subnormals>
+Flags run_fp16_rne_f16c(const float* in, Out* out, std::size_t n) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF);
+  const __m256i max_finite = _mm256_set1_epi32(0x7F7FFFFF);
+  const __m256i f32_inf = _mm256_set1_epi32(static_cast<int>(kF32Inf));
+  const __m256i min_normal = _mm256_set1_epi32(static_cast<int>(Fp16::kMinNormal));
+  __m256i any_inexact = _mm256_setzero_si256(), any_uflo = any_inexact, any_oflo = any_inexact;
+  std::size_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 x = _mm256_loadu_ps(in + j);
+    __m128i half = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
+    const __m256i x_bits = _mm256_castps_si256(x);
+    const __m256i widened = _mm256_castps_si256(_mm256_cvtph_ps(half));
+    const __m256i x_abs = _mm256_and_si256(x_bits, abs_mask);
+    const __m256i special = _mm256_cmpgt_epi32(x_abs, max_finite);  // inf or NaN
+    const __m256i nan = _mm256_cmpgt_epi32(x_abs, f32_inf);
+    const __m256i tiny = _mm256_cmpgt_epi32(min_normal, x_abs);
+    // Lanes are all ones or zero; ~special & differs = inexact finite.
+    const __m256i inexact = _mm256_andnot_si256(
+        _mm256_or_si256(special, _mm256_cmpeq_epi32(widened, x_bits)), _mm256_set1_epi32(-1));
+    const __m256i overflow =
+        _mm256_andnot_si256(special, _mm256_cmpeq_epi32(_mm256_and_si256(widened, abs_mask), f32_inf));
+    any_oflo = _mm256_or_si256(any_oflo, overflow);
+    __m256i fix = nan;
+    if constexpr (Subnormals) {
+      any_inexact = _mm256_or_si256(any_inexact, inexact);
+      any_uflo = _mm256_or_si256(any_uflo, _mm256_and_si256(tiny, inexact));
+    } else {
+      // Tiny non-zero x flush to signed zero with UFLO and INEXACT; exact or not.
+      const __m256i flushed = _mm256_andnot_si256(_mm256_cmpeq_epi32(x_abs, _mm256_setzero_si256()), tiny);
+      any_inexact = _mm256_or_si256(any_inexact, _mm256_or_si256(_mm256_andnot_si256(tiny, inexact), flushed));
+      any_uflo = _mm256_or_si256(any_uflo, flushed);
+      fix = _mm256_or_si256(fix, tiny);
+    }
+    if constexpr (Policy != Overflow::inf) fix = _mm256_or_si256(fix, overflow);
+    if (!_mm256_testz_si256(fix, fix)) {
+      // Rare: work on 32-bit lanes of the patterns, then pack back to 16 bits.
+      __m256i p = _mm256_cvtepu16_epi32(half);
+      const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(x_bits, 16), _mm256_set1_epi32(Fp16::kSign));
+      p = _mm256_blendv_epi8(p, _mm256_or_si256(sign, _mm256_set1_epi32(Fp16::kNaN)), nan);
+      if constexpr (!Subnormals) p = _mm256_blendv_epi8(p, sign, tiny);
+      if constexpr (Policy == Overflow::saturate)
+        p = _mm256_blendv_epi8(p, _mm256_or_si256(sign, _mm256_set1_epi32(Fp16::kMax)), overflow);
+      else if constexpr (Policy == Overflow::nan)
+        p = _mm256_blendv_epi8(p, _mm256_set1_epi32(Fp16::kNaN), overflow);  // positive, as emu::round
+      half = _mm_packus_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    }
+    if constexpr (std::is_same_v<Out, float>)
+      _mm256_storeu_ps(out + j, _mm256_cvtph_ps(half));
+    else
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), half);
+  }
+  std::uint32_t flags = 0;
+  if (!_mm256_testz_si256(any_inexact, any_inexact)) flags |= kInexact;
+  if (!_mm256_testz_si256(any_uflo, any_uflo)) flags |= kUflo;
+  if (!_mm256_testz_si256(any_oflo, any_oflo)) flags |= kOflo | kInexact | (Policy == Overflow::nan ? kInv : 0u);
+  const Controls c{0, 0};
+  for (; j < n; ++j) {
+    std::uint32_t raised = 0;
+    const std::uint32_t p =
+        round_element<Fp16, Rounding::rne, Policy, Subnormals>(std::bit_cast<std::uint32_t>(in[j]), 0u, c, raised);
+    flags |= raised;
+    if constexpr (std::is_same_v<Out, float>)
+      out[j] = std::bit_cast<float>(to_float_bits<Fp16>(p));
+    else
+      out[j] = static_cast<std::uint16_t>(p);
+  }
+  return static_cast<Flags>(flags);
+}
+#endif
+
 // The whole array, tile by tile. Results go to a local tile first, so `out` may be `in`.
 template <class Out, class T, Rounding Mode, Overflow Policy, bool Subnormals>
 Flags run(const HalfRounding& how, const float* in, Out* out, std::size_t n, std::uint64_t first_index) {
+#if defined(__F16C__) && defined(__AVX2__)
+  if constexpr (std::is_same_v<T, Fp16> && Mode == Rounding::rne)
+    return run_fp16_rne_f16c<Out, Policy, Subnormals>(in, out, n);
+#endif
   const std::uint32_t sr_bits = how.sr_bits() == 0 ? 32u : static_cast<std::uint32_t>(how.sr_bits());
   const Controls c{32u - sr_bits, how.sr_bits() == 0 ? ~0u : 0u};
   std::uint32_t flags = 0;

@@ -5,7 +5,9 @@
 // and sr with exact probabilities or with k random bits, under every Overflow policy,
 // with subnormals on or off, tininess decided before rounding. The runtime choice
 // (format, mode, policy, subnormals) is made once per call; the loop is branch-free
-// integer code on the float32 bit patterns.
+// integer code on the float32 bit patterns, except fp16 rne in builds with F16C and
+// AVX2: the hardware conversion (exact) gives the values, integer masks the flags,
+// NaN canonicalisation, overflow policies and the flush of subnormals off.
 #pragma once
 
 #include <cstddef>
