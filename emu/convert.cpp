@@ -385,6 +385,58 @@ Flags run_fp16_rne_f16c(const float* in, Out* out, std::size_t n) {
 }
 #endif
 
+#if defined(__F16C__) && defined(__AVX2__)
+// sr for a tile whose results are all normal and finite: the discarded part of |x| is
+// then exactly kDrop bits (rem; 13 for fp16, 16 for bf16), F = rem << (32 - kDrop), and
+// the rule of convert.hpp, up iff (r >> (32 - k)) < (F >> (32 - k)), is up iff R < rem
+// with R = (r >> (32 - kDrop)) | low_mask, low_mask = 2^(kDrop - k) - 1 for k = sr_bits
+// 1..kDrop-1 and 0 otherwise (k = 0 has no tie here). So adding 2^kDrop - 1 - R to
+// |x|'s pattern carries into the kept bits exactly when the magnitude rounds up, and
+// truncation gives the result: the hardware conversion with rounding toward zero for
+// fp16, the top half of the pattern for bf16.
+// Returns false, having written garbage, when some lane is tiny, may overflow, is inf
+// or NaN, or count is not a multiple of 8: the caller then uses the integer kernel.
+template <class T>
+bool sr_tile_truncating(const float* in, const std::uint32_t* r, std::size_t count, std::uint32_t low_mask,
+                        std::uint16_t* patterns, std::uint32_t& flags) {
+  if (count % 8 != 0) return false;
+  constexpr std::uint32_t kDropped = (1u << T::kDrop) - 1;
+  const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF);
+  const __m256i dropped = _mm256_set1_epi32(static_cast<int>(kDropped));
+  const __m256i low = _mm256_set1_epi32(static_cast<int>(low_mask));
+  const __m256i min_normal = _mm256_set1_epi32(static_cast<int>(T::kMinNormal));
+  // The largest float32 pattern that truncates to a finite result.
+  const __m256i max_truncated = _mm256_set1_epi32(static_cast<int>((T::kMax << T::kDrop) + T::kRebias + kDropped));
+  __m256i inexact = _mm256_setzero_si256();
+  for (std::size_t j = 0; j < count; j += 8) {
+    const __m256i x_bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + j));
+    const __m256i words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + j));
+    const __m256i a = _mm256_and_si256(x_bits, abs_mask);
+    const __m256i complement =
+        _mm256_andnot_si256(_mm256_or_si256(_mm256_srli_epi32(words, 32 - T::kDrop), low), dropped);
+    const __m256i perturbed = _mm256_add_epi32(a, complement);
+    // Tiny, or overflow, inf or NaN (a > max_truncated also catches a wrapped perturbed):
+    // give up at once, so that tiles with such lanes waste little work here.
+    const __m256i needs_kernel = _mm256_or_si256(
+        _mm256_cmpgt_epi32(min_normal, a),
+        _mm256_or_si256(_mm256_cmpgt_epi32(perturbed, max_truncated), _mm256_cmpgt_epi32(a, max_truncated)));
+    if (!_mm256_testz_si256(needs_kernel, needs_kernel)) return false;
+    inexact = _mm256_or_si256(inexact, _mm256_and_si256(a, dropped));
+    const __m256i signed_perturbed = _mm256_or_si256(perturbed, _mm256_andnot_si256(abs_mask, x_bits));
+    __m128i result;
+    if constexpr (T::kSameRange) {  // bf16: the top half
+      const __m256i top = _mm256_srli_epi32(signed_perturbed, 16);
+      result = _mm_packus_epi32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1));
+    } else {
+      result = _mm256_cvtps_ph(_mm256_castsi256_ps(signed_perturbed), _MM_FROUND_TO_ZERO);
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(patterns + j), result);
+  }
+  if (!_mm256_testz_si256(inexact, inexact)) flags |= kInexact;
+  return true;
+}
+#endif
+
 // The whole array, tile by tile. Results go to a local tile first, so `out` may be `in`.
 template <class Out, class T, Rounding Mode, Overflow Policy, bool Subnormals>
 Flags run(const HalfRounding& how, const float* in, Out* out, std::size_t n, std::uint64_t first_index) {
@@ -394,6 +446,9 @@ Flags run(const HalfRounding& how, const float* in, Out* out, std::size_t n, std
 #endif
   const std::uint32_t sr_bits = how.sr_bits() == 0 ? 32u : static_cast<std::uint32_t>(how.sr_bits());
   const Controls c{32u - sr_bits, how.sr_bits() == 0 ? ~0u : 0u};
+  // For sr_tile_truncating: the bits below the k random ones of its kDrop-bit word.
+  [[maybe_unused]] const std::uint32_t truncating_low_mask =
+      sr_bits < T::kDrop ? (1u << (T::kDrop - sr_bits)) - 1 : 0u;
   std::uint32_t flags = 0;
   alignas(32) std::uint32_t words[kTile];
   alignas(32) std::uint32_t raised[kTile];
@@ -409,6 +464,22 @@ Flags run(const HalfRounding& how, const float* in, Out* out, std::size_t n, std
     const float* src = in + done;
     const std::uint32_t* r = words + offset;
     if constexpr (Mode == Rounding::sr) philox_tile(how.stream(), index / kTile * kBlocksPerTile, words);
+    // Bit patterns go straight to `out`; float results via a local tile, since `out`
+    // may be `in`.
+    std::uint16_t* patterns;
+    if constexpr (std::is_same_v<Out, float>)
+      patterns = tile_patterns;
+    else
+      patterns = out + done;
+#if defined(__F16C__) && defined(__AVX2__)
+    if constexpr (Mode == Rounding::sr) {
+      if (sr_tile_truncating<T>(src, r, count, truncating_low_mask, patterns, flags)) {
+        if constexpr (std::is_same_v<Out, float>) patterns_to_floats<T>(patterns, out + done, count);
+        done += count;
+        continue;
+      }
+    }
+#endif
     // Flags per element, ORed in a second loop: gcc does not vectorise the OR inside the
     // first (it becomes a conditional reduction).
     for (std::size_t j = 0; j < count; ++j)
@@ -425,13 +496,6 @@ Flags run(const HalfRounding& how, const float* in, Out* out, std::size_t n, std
       }
     }
     flags |= tile_flags & ~kTie;
-    // Bit patterns go straight to `out`; float results via a local tile, since `out`
-    // may be `in`.
-    std::uint16_t* patterns;
-    if constexpr (std::is_same_v<Out, float>)
-      patterns = tile_patterns;
-    else
-      patterns = out + done;
     for (std::size_t j = 0; j < count; ++j) patterns[j] = static_cast<std::uint16_t>(wide_patterns[j]);
     if constexpr (std::is_same_v<Out, float>) patterns_to_floats<T>(patterns, out + done, count);
     done += count;

@@ -7,7 +7,10 @@
 // (format, mode, policy, subnormals) is made once per call; the loop is branch-free
 // integer code on the float32 bit patterns, except fp16 rne in builds with F16C and
 // AVX2: the hardware conversion (exact) gives the values, integer masks the flags,
-// NaN canonicalisation, overflow policies and the flush of subnormals off.
+// NaN canonicalisation, overflow policies and the flush of subnormals off; and sr in
+// builds with F16C and AVX2, for runs of 256 elements whose results are all normal and
+// finite: the random bits are added below the kept bits and the sum truncated (F16C for
+// fp16), which is the same decision as the rule below; other runs take the integer code.
 #pragma once
 
 #include <cstddef>

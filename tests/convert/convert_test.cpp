@@ -232,9 +232,22 @@ TEST_CASE("sr uses the documented random word of each element", "[convert]") {
   std::uniform_real_distribution<float> dist(-60000.0f, 60000.0f);
   std::vector<float> in(3000);
   for (float& x : in) x = dist(gen);
-  for (const emu::Format* format : {&emu::fp16(), &emu::bf16()}) {
+  // sr_bits k compares the top k bits of r and F (0: all 32 bits, ties impossible here).
+  for (const emu::Format* format : {&emu::fp16(), &emu::bf16()})
+  for (const int sr_bits : {0, 1, 5, 12, 13, 16, 24, 32}) {
+    INFO("sr_bits = " << sr_bits);
     std::vector<std::uint16_t> bits(in.size());
-    emu::round_to_bits(emu::HalfRounding(*format, {.mode = emu::Rounding::sr}, stream), in, bits, first);
+    const emu::Flags flags = emu::round_to_bits(
+        emu::HalfRounding(*format, {.mode = emu::Rounding::sr, .sr_bits = sr_bits}, stream), in, bits, first);
+    CHECK(flags == emu::INEXACT);  // normal finite results only: no OFLO, no UFLO
+    // Values of the format are exact whatever the random bits: no flag, same value.
+    std::vector<float> exact(in.size());
+    for (std::size_t j = 0; j < exact.size(); ++j) exact[j] = static_cast<float>(j % 255 + 1) * 0.25f;
+    std::vector<float> exact_out(exact.size());
+    CHECK(emu::round_to_float(emu::HalfRounding(*format, {.mode = emu::Rounding::sr, .sr_bits = sr_bits}, stream),
+                              exact, exact_out, first) == 0);
+    CHECK(exact_out == exact);
+    const int shift = sr_bits == 0 ? 0 : 32 - sr_bits;
     const int drop = 23 - format->fraction_bits();
     std::size_t mismatches = 0;
     for (std::size_t j = 0; j < in.size(); ++j) {
@@ -244,7 +257,7 @@ TEST_CASE("sr uses the documented random word of each element", "[convert]") {
           format->encode(emu::round(*format, in[j], {.mode = emu::Rounding::rz}, nullptr, unused)));
       const std::uint32_t fraction = std::bit_cast<std::uint32_t>(in[j]) & ((1u << drop) - 1);
       const std::uint32_t big_f = fraction << (32 - drop);
-      const bool up = documented_word(stream, first + j) < big_f;
+      const bool up = (documented_word(stream, first + j) >> shift) < (big_f >> shift);
       if (bits[j] != static_cast<std::uint16_t>(down + (up ? 1 : 0)) && ++mismatches <= 5)
         FAIL_CHECK(format->name() << " j = " << j << " x = " << in[j]);
     }
