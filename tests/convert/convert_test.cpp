@@ -265,6 +265,62 @@ TEST_CASE("sr uses the documented random word of each element", "[convert]") {
   }
 }
 
+TEST_CASE("fp16 sr: normal, subnormal and overflowing results mixed within 8 lanes follow the documented words",
+          "[convert]") {
+  // The fast path takes the lanes with normal finite results and leaves the others to
+  // the integer kernel: mixed groups, whole groups of one kind, and a ragged tail.
+  const emu::StreamId stream{.seed = 0xfeed'beefull, .point = 1, .replica = 2, .lane = 3};
+  const std::uint64_t first = 777;  // not a multiple of the tile
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<double> normal_exponent(-13.9, 15.9), subnormal_exponent(-30.0, -14.0),
+      overflow_exponent(15.99, 20.0);
+  std::uniform_int_distribution<int> kind_of(0, 2);
+  std::vector<float> in(3001);
+  for (std::size_t j = 0; j < in.size(); ++j) {
+    int kind = j < 1024 ? kind_of(gen) : j < 1536 ? 0 : j < 2048 ? 1 : static_cast<int>(j % 3);
+    const double e = kind == 0 ? normal_exponent(gen) : kind == 1 ? subnormal_exponent(gen) : overflow_exponent(gen);
+    in[j] = static_cast<float>((gen() & 1u ? -1.0 : 1.0) * std::exp2(e));
+  }
+  in[5] = 65504.0f + 31.0f;  // rounds to max or to inf
+  in[6] = -65504.0f - 1.0f;
+  in[7] = 0x1.ff8p-15f;  // subnormal that may carry into the min normal
+  for (const int sr_bits : {0, 1, 5, 12, 13, 16, 24, 32}) {
+    INFO("sr_bits = " << sr_bits);
+    std::vector<std::uint16_t> bits(in.size());
+    const emu::Flags flags = emu::round_to_bits(
+        emu::HalfRounding(emu::fp16(), {.mode = emu::Rounding::sr, .sr_bits = sr_bits}, stream), in, bits, first);
+    const int shift = sr_bits == 0 ? 0 : 32 - sr_bits;
+    emu::Flags expected_flags = 0;
+    std::size_t mismatches = 0;
+    for (std::size_t j = 0; j < in.size(); ++j) {
+      const double magnitude = std::fabs(static_cast<double>(in[j]));
+      const std::uint16_t sign = std::signbit(in[j]) ? 0x8000 : 0;
+      std::uint16_t expected;
+      if (magnitude >= 65536.0) {  // beyond max + ulp: every rounding overflows
+        expected = sign | 0x7C00;
+        expected_flags |= emu::OFLO | emu::INEXACT;
+      } else {
+        // The pattern toward zero and f (in ulps) are exact in double: |x| has 24 bits.
+        const double ulp = magnitude < 0x1p-14 ? 0x1p-24 : std::exp2(std::floor(std::log2(magnitude)) - 10);
+        const double kept = std::floor(magnitude / ulp);
+        const auto big_f = static_cast<std::uint32_t>(std::ldexp(magnitude / ulp - kept, 32));
+        const bool up = (documented_word(stream, first + j) >> shift) < (big_f >> shift);
+        const int exponent_field = magnitude < 0x1p-14 ? 0 : static_cast<int>(std::floor(std::log2(magnitude))) + 15;
+        const int fraction = static_cast<int>(kept) - (exponent_field == 0 ? 0 : 1024);
+        expected = static_cast<std::uint16_t>(sign | ((exponent_field << 10) + fraction + (up ? 1 : 0)));
+        if (big_f != 0) expected_flags |= emu::INEXACT;
+        if (big_f != 0 && magnitude < 0x1p-14) expected_flags |= emu::UFLO;
+        if ((expected & 0x7FFF) == 0x7C00) expected_flags |= emu::OFLO;
+      }
+      if (bits[j] != expected && ++mismatches <= 5)
+        FAIL_CHECK("j = " << j << " x = " << in[j] << " got " << bits[j] << " expected " << expected);
+    }
+    CHECK(mismatches == 0);
+    CHECK(flags == expected_flags);
+    CHECK(flags == (emu::OFLO | emu::UFLO | emu::INEXACT));
+  }
+}
+
 TEST_CASE("sr settles r == F exactly with the tie-break block (fp16 below 2^-33)", "[convert]") {
   // x = m 2^-57 (float exponent field 93): 33 discarded bits, F = m >> 1, one bit beyond.
   // Where the element's word r equals F, the documented tie-break decides: up iff the
