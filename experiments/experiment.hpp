@@ -35,6 +35,9 @@ struct ParamSpec {
   std::optional<double> min, max;
   // Extra validation: returns an error message, or "" when the value is fine.
   std::function<std::string(const ParamValue&)> check;
+  // Strings only: a plain YAML number is taken as its text (loss_scale: 128 means "128"),
+  // for parameters whose spellings include numbers.
+  bool numbers_as_text = false;
 };
 
 // The one way to declare a parameter (bounds inclusive; `allowed` lists the spellings a
@@ -85,6 +88,13 @@ struct RunResult {
   std::map<std::string, double> metrics;  // every MetricSpec name, NaN where undefined
   std::map<std::string, Trace> traces;    // the TraceSpecs this run recorded (may be none)
   emu::Flags flags = 0;                   // sticky FP status at the end of the run
+};
+
+// Thrown by an experiment whose parameters name something unusable that validation
+// could not see (a data file that changed or vanished after the sweep was planned): bad
+// input, exit status 2, not a bug. Prefer catching such problems in check_point.
+struct BadInput : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 // Thrown by an experiment that saw `cancel` set: the run is abandoned, not recorded.

@@ -312,6 +312,9 @@ int sweep_main(int argc, char** argv) {
   } catch (const InputError& e) {
     std::fprintf(stderr, "%s\n", one_line(e.what()).c_str());
     return kExitBadInput;
+  } catch (const ExperimentBadInput& e) {
+    std::fprintf(stderr, "%s (finished points were saved)\n", one_line(e.what()).c_str());
+    return kExitBadInput;
   } catch (const ExperimentFailure& e) {
     std::fprintf(stderr, "sweep: internal error in an experiment: %s (this is a bug; finished points were saved)\n",
                  one_line(e.what()).c_str());

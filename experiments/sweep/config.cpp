@@ -192,13 +192,19 @@ class Reader {
     return at.node.Scalar();
   }
 
+  std::string string_or_number(const Located& at) const {
+    const ScalarKind kind = scalar_kind(at);
+    if (kind == ScalarKind::integer || kind == ScalarKind::real) return at.node.Scalar();
+    return string(at);
+  }
+
   // One value of a parameter, typed and checked by its spec.
   ParamValue param_value(const ParamSpec& spec, const Located& at) const {
     ParamValue value;
     switch (spec.type) {
       case ParamType::integer: value = integer(at); break;
       case ParamType::real: value = real(at); break;
-      case ParamType::string: value = string(at); break;
+      case ParamType::string: value = spec.numbers_as_text ? string_or_number(at) : string(at); break;
       case ParamType::boolean: value = boolean(at); break;
     }
     if (const auto* s = std::get_if<std::string>(&value); s && !spec.allowed.empty() &&

@@ -103,15 +103,19 @@ RunReport run_plan(const SweepPlan& plan, OutputFile& output, const std::vector<
   std::vector<std::size_t> finished_slots;  // points whose replicas all finished, not yet written
   bool compute_over = false;
   std::string failure;  // the first experiment failure
+  bool failure_is_bad_input = false;
 
   std::optional<tbb::global_control> thread_limit;
   if (options.threads > 0)
     thread_limit.emplace(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(options.threads));
 
   std::thread compute([&] {
-    const auto fail = [&](const std::string& message) {
+    const auto fail = [&](const std::string& message, bool bad_input = false) {
       std::lock_guard lock(mutex);
-      if (failure.empty()) failure = message;
+      if (failure.empty()) {
+        failure = message;
+        failure_is_bad_input = bad_input;
+      }
       stop.store(true);
     };
     try {
@@ -127,6 +131,9 @@ RunReport run_plan(const SweepPlan& plan, OutputFile& output, const std::vector<
             check_result(experiment, result);
             results[task] = std::move(result);
           } catch (const Cancelled&) {
+            return;
+          } catch (const BadInput& e) {
+            fail(e.what(), true);
             return;
           } catch (const std::exception& e) {
             fail("point " + std::to_string(point) + " replica " + std::to_string(replica) + ": " + e.what());
@@ -186,7 +193,10 @@ RunReport run_plan(const SweepPlan& plan, OutputFile& output, const std::vector<
 
   report.complete = report.points_done == report.n_points;
   report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  if (!failure.empty()) throw ExperimentFailure(failure);
+  if (!failure.empty()) {
+    if (failure_is_bad_input) throw ExperimentBadInput(failure);
+    throw ExperimentFailure(failure);
+  }
   return report;
 }
 

@@ -31,10 +31,16 @@ class ExperimentFailure : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An experiment reported bad input (roundoff::BadInput) while running: exit status 2.
+class ExperimentBadInput : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // Runs the points whose `done` entry is 0. `stop` is polled between runs and handed to
 // experiments as RunEnv::cancel; once it is set no new run starts, cancelled runs are
 // dropped, and every point whose replicas all finished is still written. Throws
-// ExperimentFailure after saving what finished.
+// ExperimentFailure (or ExperimentBadInput) after saving what finished.
 RunReport run_plan(const SweepPlan& plan, OutputFile& output, const std::vector<std::uint8_t>& done,
                    const RunOptions& options, std::atomic<bool>& stop);
 
