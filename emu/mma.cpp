@@ -78,13 +78,26 @@ const DeviceRow& device_row(UnitKind device) {
   const int q = std::max(exponent, emin) - fraction_bits;
   const int shift = q - x.lsb;
   if (shift <= 0) return;  // x already fits
-  // 2. Split into the kept bits and the remainder; the remainder decides (rne: above
-  //    half, or exactly half with an odd kept part). |sum| < 2^49, so shifts of 64 or
-  //    more leave nothing and a remainder below half.
+  // 2. Split into the kept bits and the remainder. |sum| < 2^49, so shifts of 64 or
+  //    more leave nothing and a non-zero remainder below half.
   const std::uint64_t kept = shift < 64 ? x.magnitude >> shift : 0;
   const std::uint64_t remainder = shift < 64 ? x.magnitude & ((std::uint64_t{1} << shift) - 1) : x.magnitude;
   const std::uint64_t half = shift < 64 ? std::uint64_t{1} << (shift - 1) : ~std::uint64_t{0};
-  const bool up = mode == Rounding::rne && (remainder > half || (remainder == half && (kept & 1) != 0));
+  // 3. Whether the magnitude goes up by one unit (emu::round's table, step 3, on the
+  //    magnitude: ru rounds a positive x away from zero, rd a negative one).
+  //      rne  remainder > half, or == half with kept odd     rna  remainder >= half
+  //      rz   never        ru  remainder != 0 and x > 0      rd   remainder != 0 and x < 0
+  //      ro   remainder != 0 and kept even (the result is odd)
+  bool up = false;
+  switch (mode) {
+    case Rounding::rne: up = remainder > half || (remainder == half && (kept & 1) != 0); break;
+    case Rounding::rna: up = remainder >= half; break;
+    case Rounding::rz: break;
+    case Rounding::ru: up = remainder != 0 && !x.negative; break;
+    case Rounding::rd: up = remainder != 0 && x.negative; break;
+    case Rounding::ro: up = remainder != 0 && (kept & 1) == 0; break;
+    case Rounding::sr: break;  // refused by round_fixed_point and the unit's constructor
+  }
   if (remainder != 0) flags |= exponent < emin ? (INEXACT | UFLO) : INEXACT;
   x.magnitude = kept + (up ? 1 : 0);
   x.lsb = q;
@@ -333,7 +346,62 @@ void add_panel_rows(const ColumnAdder& adder, std::size_t m, std::size_t k, std:
   }
 }
 
+// A term t (in units of the quantum, exact in double) cut to an integer as
+// AlignmentRounding says. Every step is exact in double: |t| < 2^43.
+template <AlignmentRounding kMode>
+[[gnu::always_inline]] inline double cut_term(double t) {
+  if constexpr (kMode == AlignmentRounding::truncate_magnitude) {
+    return std::trunc(t);
+  } else if constexpr (kMode == AlignmentRounding::truncate_twos_complement) {
+    return std::floor(t);
+  } else {
+    // Nearest, ties to even: the floor goes up by one when the rest is above one half,
+    // or exactly one half with an odd floor.
+    const double floor = std::floor(t);
+    const double rest = t - floor;
+    return rest > 0.5 || (rest == 0.5 && std::fmod(floor, 2.0) != 0) ? floor + 1 : floor;
+  }
+}
+
+// c and the n products a_i b_i, each scaled to units of the quantum and cut, added into
+// `sum`; `lost` gets non-zero bits where a cut changed a term (a zero difference is
+// +0.0, all bits clear). Adding 1.5 * 2^52 puts an integer below 2^51 in the low bits of
+// a double's pattern, so the integer is read without a conversion instruction.
+template <AlignmentRounding kMode>
+void sum_terms(std::size_t n, const double* av, const double* bv, double c, double scale, std::int64_t& sum,
+               std::uint64_t& lost) {
+  constexpr double kMagic = 0x1.8p52;
+  const auto magic_bits = std::bit_cast<std::int64_t>(kMagic);
+  const double c_term = c * scale;
+  const double c_cut = cut_term<kMode>(c_term);
+  lost |= std::bit_cast<std::uint64_t>(c_term - c_cut);
+  sum += std::bit_cast<std::int64_t>(c_cut + kMagic) - magic_bits;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double t = av[i] * bv[i] * scale;
+    const double cut = cut_term<kMode>(t);
+    lost |= std::bit_cast<std::uint64_t>(t - cut);
+    sum += std::bit_cast<std::int64_t>(cut + kMagic) - magic_bits;
+  }
+}
+
 }  // namespace
+
+const char* alignment_rounding_name(AlignmentRounding r) {
+  switch (r) {
+    case AlignmentRounding::truncate_magnitude: return "truncate-magnitude";
+    case AlignmentRounding::truncate_twos_complement: return "truncate-twos-complement";
+    case AlignmentRounding::nearest_even: return "nearest-even";
+  }
+  return "?";
+}
+
+AlignmentRounding alignment_rounding_by_name(std::string_view name) {
+  for (AlignmentRounding r : {AlignmentRounding::truncate_magnitude, AlignmentRounding::truncate_twos_complement,
+                              AlignmentRounding::nearest_even})
+    if (name == alignment_rounding_name(r)) return r;
+  throw std::invalid_argument("unknown alignment rounding '" + std::string(name) +
+                              "' (known: truncate-magnitude truncate-twos-complement nearest-even)");
+}
 
 BlockFmaParams tensor_core_params(UnitKind device, const Format& in, const Format& out) {
   const DeviceRow& row = device_row(device);
@@ -390,6 +458,8 @@ TensorCoreUnit::TensorCoreUnit(UnitKind kind, Format in, Format out, BlockFmaPar
     throw std::invalid_argument("the minimum alignment exponent must be at most 256");
   if (params_.instruction_k < 0 || params_.instruction_k % params_.block_size != 0)
     throw std::invalid_argument("instruction k must be a multiple of the block size");
+  if (params_.final_rounding == Rounding::sr)
+    throw std::invalid_argument("the block adder's final rounding must be one of rne rna rz ru rd ro (not sr)");
   if (adder_in_.fraction_bits() > 15 || adder_in_.emax() > 127 || adder_in_.emin() < -126)
     throw std::invalid_argument("tensor-core inputs must fit in binary32 with at most 15 fraction bits");
   if (params_.fp16_datapath && !in_.with_subnormals(true).representable(in_.max_finite()))
@@ -403,8 +473,10 @@ TensorCoreUnit::TensorCoreUnit(UnitKind kind, Format in, Format out, BlockFmaPar
   // is at most 2^31.
   const int shift = params_.kept_fraction_bits - 2 * adder_in_.fraction_bits();
   const int block_bits = std::bit_width(static_cast<unsigned>(params_.block_size - 1));
+  const bool column_rounding = params_.final_rounding == Rounding::rz || params_.final_rounding == Rounding::rne;
   if (!params_.pair_interleave && !params_.c_after_products && shift >= 0 &&
-      params_.kept_fraction_bits + 2 + block_bits <= 31)
+      params_.kept_fraction_bits + 2 + block_bits <= 31 &&
+      params_.alignment_rounding == AlignmentRounding::truncate_magnitude && column_rounding)
     product_shift_ = shift;
 }
 
@@ -426,6 +498,7 @@ void TensorCoreUnit::decode(double x, double& value, std::int32_t& exp, bool& sp
 }
 
 void round_fixed_point(FixedPoint& x, int fraction_bits, int emin, Rounding mode, Flags& flags) {
+  if (mode == Rounding::sr) throw std::invalid_argument("round_fixed_point: sr needs random bits");
   round_fixed(x, fraction_bits, emin, mode, flags);
 }
 
@@ -449,28 +522,24 @@ double TensorCoreUnit::block(Context& ctx, std::size_t n, Operands a, Operands b
   if (align < kNoTerm) return 0.0;
   align = std::max(align, params_.min_alignment_exponent);
 
-  // Step 3: truncate every term (towards zero) to a multiple of 2^(align - kept) and add
-  // exactly. In units of that quantum a term is t = a_i b_i 2^(kept - align), exact in
-  // double (a power-of-two scaling of an exact product, far from double's range limits);
-  // trunc(t) is the truncated term, an integer below 2^(kept + 2) <= 2^42. Adding
-  // 1.5 * 2^52 puts such an integer in the low bits of a double's pattern, so the sum is
-  // taken in int64, exactly and without a branch per term.
+  // Step 3: cut every term to a multiple of 2^(align - kept) and add exactly. In units of
+  // that quantum a term is t = a_i b_i 2^(kept - align), exact in double (a power-of-two
+  // scaling of an exact product, far from double's range limits); its cut (sum_terms)
+  // is an integer of magnitude at most 2^(kept + 2) <= 2^42, taken into an int64 sum
+  // exactly and without a branch per term.
   const double scale = pow2(kept - align);
-  constexpr double kMagic = 0x1.8p52;
-  const auto magic_bits = std::bit_cast<std::int64_t>(kMagic);
-  // The dropped fractions are ORed as bit patterns (a zero difference is +0.0, all bits
-  // clear).
-  const double c_term = c * scale;
-  const double c_truncated = std::trunc(c_term);
-  std::uint64_t lost = std::bit_cast<std::uint64_t>(c_term - c_truncated);
-  std::int64_t sum = std::bit_cast<std::int64_t>(c_truncated + kMagic) - magic_bits;
-  const double* av = a.value;
-  const double* bv = b.value;
-  for (std::size_t i = 0; i < n; ++i) {
-    const double t = av[i] * bv[i] * scale;
-    const double truncated = std::trunc(t);
-    lost |= std::bit_cast<std::uint64_t>(t - truncated);
-    sum += std::bit_cast<std::int64_t>(truncated + kMagic) - magic_bits;
+  std::int64_t sum = 0;
+  std::uint64_t lost = 0;
+  switch (params_.alignment_rounding) {
+    case AlignmentRounding::truncate_magnitude:
+      sum_terms<AlignmentRounding::truncate_magnitude>(n, a.value, b.value, c, scale, sum, lost);
+      break;
+    case AlignmentRounding::truncate_twos_complement:
+      sum_terms<AlignmentRounding::truncate_twos_complement>(n, a.value, b.value, c, scale, sum, lost);
+      break;
+    case AlignmentRounding::nearest_even:
+      sum_terms<AlignmentRounding::nearest_even>(n, a.value, b.value, c, scale, sum, lost);
+      break;
   }
   const Flags truncated = lost != 0 ? INEXACT : 0;
   if (sum == 0) {
@@ -696,7 +765,7 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
   const auto block_size = static_cast<std::size_t>(params_.block_size);
   const std::int64_t kept_unit = std::int64_t{1} << params_.kept_fraction_bits;
   const bool narrow = static_cast<std::int64_t>(block_size) * 4 * kept_unit + 2 * kept_unit <= (std::int64_t{1} << 30);
-  const bool nearest = params_.final_rounding == Rounding::rne;  // as round_fixed: rne, else rz
+  const bool nearest = params_.final_rounding == Rounding::rne;  // rne or rz (product_shift_ >= 0)
   const unsigned variant = (narrow ? 4u : 0u) | (adder.result_step_applies ? 2u : 0u) | (nearest ? 1u : 0u);
   using PanelRows = void (*)(const ColumnAdder&, std::size_t, std::size_t, std::size_t, const std::int32_t*,
                              const std::int32_t*, const std::int32_t*, const std::int32_t*, const char*,

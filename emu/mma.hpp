@@ -10,12 +10,17 @@
 //     exponent is e_a + e_b, its significand (in [0, 4)) is not normalised.
 //  2. The alignment exponent E is the largest raw exponent among the non-zero products
 //     and c (c's exponent is its binary32 exponent). Zero products take no part.
-//  3. Every term is truncated, sign-magnitude (towards zero), to a multiple of
-//     2^(E - kept_fraction_bits): kept_fraction_bits = 23 + the device's extra alignment
-//     bits (13 for native fp8 on Ada and Hopper).
-//  4. The truncated terms are added exactly (integers), normalised once and rounded once
-//     into the output format (rz for fp32 output, rne for fp16 output); native fp8 with
-//     fp32 output first truncates the sum to 13 fraction bits (an e8m13 result).
+//  3. Every term (c and the products) is cut to a multiple of 2^(E - kept_fraction_bits):
+//     kept_fraction_bits = 23 + the device's extra alignment bits (13 for native fp8 on
+//     Ada and Hopper). How it is cut is BlockFmaParams::alignment_rounding; every preset
+//     truncates sign-magnitude (towards zero), as measured.
+//  4. The cut terms are added exactly (integers), normalised once and rounded once into
+//     the output format with BlockFmaParams::final_rounding (rz for fp32 output, rne for
+//     fp16 output on every preset; any of rne rna rz ru rd ro may be set). The rounding
+//     looks only at the integer sum (its bits below the output's last place decide, the
+//     sign for ru and rd): the bits cut at alignment are gone, as in the hardware, and
+//     only raise INEXACT. Native fp8 with fp32 output first truncates the sum to 13
+//     fraction bits (an e8m13 result).
 // For K > block_size the blocks are chained in index order: c <- block(a_j, b_j, c), each
 // intermediate rounded into the output format. NaN and infinity follow IEEE 754 over the
 // whole dot product (any NaN, inf - inf or 0 * inf gives NaN with INV; otherwise an
@@ -32,16 +37,37 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <string_view>
 
 #include "unit.hpp"
 
 namespace emu {
 
+// How a term is cut to the kept fraction bits when it is aligned (step 3 above), in units
+// q = 2^(E - kept_fraction_bits):
+//  truncate_magnitude        towards zero, sign-magnitude: |t| is truncated and the sign
+//                            put back. Measured on every NVIDIA device modelled here
+//                            (Fasi et al. 2021; Khattak and Mikaitis), the default.
+//                            -0.75 q -> 0, 0.75 q -> 0.
+//  truncate_twos_complement  towards minus infinity (floor), what an arithmetic right shift
+//                            of a two's-complement term drops. -0.75 q -> -q, 0.75 q -> 0.
+//  nearest_even              to the nearest multiple of q, ties to the even multiple (a
+//                            guard-and-round step at the last kept bit). -0.75 q -> -q,
+//                            0.5 q -> 0, 1.5 q -> 2 q.
+enum class AlignmentRounding { truncate_magnitude, truncate_twos_complement, nearest_even };
+// "truncate-magnitude", "truncate-twos-complement", "nearest-even".
+const char* alignment_rounding_name(AlignmentRounding r);
+AlignmentRounding alignment_rounding_by_name(std::string_view name);  // throws std::invalid_argument
+
 // The micro-architecture parameters of one multi-term fused adder (STYLE.md point 11).
 struct BlockFmaParams {
   int block_size = 4;            // products fused before one normalisation (at most 64)
   int kept_fraction_bits = 23;   // fraction bits kept below the alignment exponent E
-  Rounding final_rounding = Rounding::rz;  // rounding of a block into the output format
+  // How the terms are cut to the kept bits at alignment (see AlignmentRounding).
+  AlignmentRounding alignment_rounding = AlignmentRounding::truncate_magnitude;
+  // Rounding of a block's integer sum into the output format: rne rna rz ru rd or ro
+  // (sr is refused: the adder has no random bits).
+  Rounding final_rounding = Rounding::rz;
   // > 0: the normalised sum is first truncated to this many fraction bits (13: the
   // e8m13 result of native fp8 on Ada and Hopper); 0: rounded straight into the output.
   int result_fraction_bits = 0;
@@ -71,10 +97,11 @@ struct BlockFmaParams {
 BlockFmaParams tensor_core_params(UnitKind device, const Format& in, const Format& out);
 
 // The adder's last step on its fixed-point sum: x = (negative ? -1 : 1) * magnitude *
-// 2^lsb (magnitude != 0) rounded in place, rz or rne, to `fraction_bits` with exponents
-// floored at emin (gradual underflow). Raises INEXACT, and UFLO for a tiny inexact x,
-// into flags. Range (overflow) and flushing are the caller's: this is emu::round()'s
-// arithmetic on integers, for speed, and is tested against it.
+// 2^lsb (magnitude != 0) rounded in place with mode (rne rna rz ru rd ro; sr throws
+// std::invalid_argument) to `fraction_bits` with exponents floored at emin (gradual
+// underflow). Raises INEXACT, and UFLO for a tiny inexact x, into flags. Range
+// (overflow) and flushing are the caller's: this is emu::round()'s arithmetic on
+// integers, for speed, and is tested against it.
 struct FixedPoint {
   std::uint64_t magnitude = 0;
   int lsb = 0;
@@ -86,6 +113,8 @@ double to_double(const FixedPoint& x);  // exact for magnitudes below 2^53
 // A tensor core: the block FMA with fixed parameters and formats.
 class TensorCoreUnit final : public MatrixUnit {
  public:
+  // Throws std::invalid_argument for parameters the adder cannot run (block size outside
+  // 1..64, kept bits outside 1..40, final_rounding sr, formats beyond binary32, ...).
   TensorCoreUnit(UnitKind kind, Format in, Format out, BlockFmaParams params);
 
   UnitKind kind() const override { return kind_; }
@@ -97,9 +126,10 @@ class TensorCoreUnit final : public MatrixUnit {
              std::size_t sb, double c) const override;
   // Equal to dot() per element, flags included (the instruction shapes m8n8k4,
   // m16n8k16, ... only cut k into chunks whose results are chained the same way). Where
-  // the adder's terms fit 32-bit integers (every preset's native paths) it runs the
-  // integer adder across several output columns at once; otherwise, and for elements
-  // with NaN, infinity or overflow, the reference adder per element.
+  // the adder's terms fit 32-bit integers (every preset's native paths), alignment
+  // truncates sign-magnitude and the final rounding is rz or rne, it runs the integer
+  // adder across several output columns at once; otherwise, and for elements with NaN,
+  // infinity or overflow, the reference adder per element.
   void gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
             std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) const override;
   // Volta's instruction on 4x4 tiles (row-major): D = A * B + C.
@@ -144,7 +174,8 @@ class TensorCoreUnit final : public MatrixUnit {
   // The integer adder of gemm_columns: a product of two significands (integers below
   // 2^(f+1), f the adder's fraction bits) shifted left by this is the product in units of
   // 2^(E - kept_fraction_bits) before the alignment shift; -1 where that adder does not
-  // apply (terms beyond 32 bits, pair interleaving, c added after the products).
+  // apply (terms beyond 32 bits, pair interleaving, c added after the products, alignment
+  // other than sign-magnitude truncation, final rounding other than rz and rne).
   int product_shift_ = -1;
 };
 

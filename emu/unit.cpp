@@ -16,10 +16,12 @@ const char* const kUnitNames[] = {"v100", "t4", "a100", "ada", "l40s", "h100", "
                                   "ipu-amp", "ipu-amp-half", "exact", "fp32-seq", "fp16-seq", nullptr};
 
 // The reference units: exact (one rounding of the exact dot product) and sequential
-// fused accumulation (one rounding per product-add, in index order).
+// accumulation in index order, fused (one rounding per product-add) or unfused (the
+// product rounded, then the sum).
 class ReferenceUnit final : public MatrixUnit {
  public:
-  ReferenceUnit(UnitKind kind, Format in, Format out) : kind_(kind), in_(std::move(in)), out_(std::move(out)) {}
+  ReferenceUnit(UnitKind kind, Format in, Format out, bool fused = true)
+      : kind_(kind), in_(std::move(in)), out_(std::move(out)), fused_(fused) {}
   UnitKind kind() const override { return kind_; }
   const Format& input_format() const override { return in_; }
   const Format& output_format() const override { return out_; }
@@ -34,13 +36,18 @@ class ReferenceUnit final : public MatrixUnit {
       if (x.hi == 0 && x.lo == 0 && !x.beyond_double) return c;  // exact zero: keep c's zero
       return ctx.round(out_, x, "dot", {static_cast<double>(k)});
     }
-    for (std::size_t i = 0; i < k; ++i) c = ctx.fma(out_, a[i * sa], b[i * sb], c);
+    if (fused_) {
+      for (std::size_t i = 0; i < k; ++i) c = ctx.fma(out_, a[i * sa], b[i * sb], c);
+    } else {
+      for (std::size_t i = 0; i < k; ++i) c = ctx.add(out_, c, ctx.mul(out_, a[i * sa], b[i * sb]));
+    }
     return c;
   }
 
  private:
   UnitKind kind_;
   Format in_, out_;
+  bool fused_;
 };
 
 }  // namespace
@@ -65,16 +72,25 @@ void MatrixUnit::gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k,
 std::unique_ptr<MatrixUnit> make_unit(UnitKind kind, std::optional<Format> in, std::optional<Format> out) {
   switch (kind) {
     case UnitKind::exact:
-    case UnitKind::fp32_seq:
       return std::make_unique<ReferenceUnit>(kind, in.value_or(fp16()), out.value_or(fp32()));
+    case UnitKind::fp32_seq:
     case UnitKind::fp16_seq:
-      return std::make_unique<ReferenceUnit>(kind, in.value_or(fp16()), out.value_or(fp16()));
+      return make_sequential_unit(kind, true, in, out);
     case UnitKind::ipu_amp:
     case UnitKind::ipu_amp_half:
       return make_ipu_amp_unit(kind == UnitKind::ipu_amp_half, in, out);
     default:
       return make_tensor_core_unit(kind, in, out);
   }
+}
+
+std::unique_ptr<MatrixUnit> make_sequential_unit(UnitKind kind, bool fused, std::optional<Format> in,
+                                                 std::optional<Format> out) {
+  if (kind != UnitKind::fp32_seq && kind != UnitKind::fp16_seq)
+    throw std::invalid_argument(std::string("unit '") + unit_kind_name(kind) +
+                                "' is not sequential (fused or unfused applies to fp32-seq and fp16-seq)");
+  const Format natural = kind == UnitKind::fp32_seq ? fp32() : fp16();
+  return std::make_unique<ReferenceUnit>(kind, in.value_or(fp16()), out.value_or(natural), fused);
 }
 
 }  // namespace emu

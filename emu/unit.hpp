@@ -17,8 +17,13 @@ enum class UnitKind {
   ipu_amp,       // IPU AMP, fp16 inputs, fp32 partials (f16v4sisoamp)
   ipu_amp_half,  // IPU AMP, fp16 inputs, fp16 partials (f16v4hihoamp)
   exact,         // c + sum a_i b_i computed exactly, rounded once into the output format
-  fp32_seq,      // c <- fma(a_i, b_i, c) in fp32, one rounding per step, i = 0, 1, ...
-  fp16_seq,      // the same with an fp16 accumulator
+  // Sequential accumulation in index order i = 0, 1, ...: under these names (make_unit)
+  // always fused, c <- fma(a_i, b_i, c) with one rounding per step into the output
+  // format (fp32, or fp16 for fp16-seq). make_sequential_unit(kind, false) gives the
+  // unfused form with the same name: c <- c + p with p = a_i * b_i rounded first, two
+  // roundings per step.
+  fp32_seq,
+  fp16_seq,
 };
 const char* unit_kind_name(UnitKind k);  // "v100" ... "ipu-amp-half", "exact", "fp32-seq"
 UnitKind unit_kind_by_name(std::string_view name);  // throws std::invalid_argument
@@ -50,5 +55,12 @@ class MatrixUnit {
 // the unit does not accept.
 std::unique_ptr<MatrixUnit> make_unit(UnitKind kind, std::optional<Format> in = std::nullopt,
                                       std::optional<Format> out = std::nullopt);
+
+// fp32-seq or fp16-seq, fused (as make_unit gives them: c <- fma(a_i, b_i, c)) or not
+// (c <- add(c, mul(a_i, b_i)), the product rounded into the output format before the
+// addition; both roundings under the context, each raising its own flags). Formats as
+// make_unit. Throws std::invalid_argument for any other kind.
+std::unique_ptr<MatrixUnit> make_sequential_unit(UnitKind kind, bool fused, std::optional<Format> in = std::nullopt,
+                                                 std::optional<Format> out = std::nullopt);
 
 }  // namespace emu

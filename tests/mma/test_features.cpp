@@ -220,7 +220,8 @@ TEST_CASE("the adder's integer rounding equals emu::round (two paths checked aga
   const emu::Format* formats[] = {&emu::fp32(), &emu::fp16(), &e8m13};
   int compared = 0;
   for (const emu::Format* f : formats)
-    for (const emu::Rounding mode : {emu::Rounding::rz, emu::Rounding::rne})
+    for (const emu::Rounding mode : {emu::Rounding::rne, emu::Rounding::rna, emu::Rounding::rz, emu::Rounding::ru,
+                                     emu::Rounding::rd, emu::Rounding::ro})
       for (int trial = 0; trial < 20000; ++trial) {
         // Sums up to 2^41 wide, placed from deep below the subnormals to the top binade.
         const int width = 1 + static_cast<int>(gen() % 41);
@@ -243,5 +244,8 @@ TEST_CASE("the adder's integer rounding equals emu::round (two paths checked aga
         REQUIRE(flags == reference_flags);
         ++compared;
       }
-  CHECK(compared > 100000);
+  CHECK(compared > 300000);
+  emu::FixedPoint x{1, 0, false};
+  emu::Flags flags = 0;
+  CHECK_THROWS_AS(emu::round_fixed_point(x, 10, -14, emu::Rounding::sr, flags), std::invalid_argument);
 }
