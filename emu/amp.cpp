@@ -797,6 +797,77 @@ double amp_dot(Context& ctx, const AmpConfig& cfg, std::size_t k, const double* 
 
 bool amp_gemm_is_vectorised(const Context& ctx, const AmpConfig& cfg) { return fast::applies(ctx, cfg); }
 
+std::size_t Conv2dShape::out_height() const {
+  const std::size_t padded = height + 2 * pad_h;
+  return stride_h == 0 || padded < kernel_height ? 0 : (padded - kernel_height) / stride_h + 1;
+}
+
+std::size_t Conv2dShape::out_width() const {
+  const std::size_t padded = width + 2 * pad_w;
+  return stride_w == 0 || padded < kernel_width ? 0 : (padded - kernel_width) / stride_w + 1;
+}
+
+std::vector<double> amp_conv2d(Context& ctx, const AmpConfig& cfg, const Conv2dShape& shape,
+                               std::span<const double> input, std::span<const double> weights,
+                               std::span<const double> partials_in) {
+  validate(cfg);
+  const Conv2dShape& s = shape;
+  auto refuse = [](const std::string& what) { throw std::invalid_argument("amp_conv2d: " + what); };
+  if (s.batch == 0 || s.in_channels == 0 || s.height == 0 || s.width == 0 || s.out_channels == 0 ||
+      s.kernel_height == 0 || s.kernel_width == 0)
+    refuse("every dimension must be >= 1");
+  if (s.stride_h == 0 || s.stride_w == 0) refuse("strides must be >= 1");
+  if (s.height + 2 * s.pad_h < s.kernel_height || s.width + 2 * s.pad_w < s.kernel_width)
+    refuse("the kernel is larger than the padded input");
+  if (input.size() != s.input_size()) refuse("input needs N*C*H*W = " + std::to_string(s.input_size()) + " values");
+  if (weights.size() != s.weights_size())
+    refuse("weights need O*C*KH*KW = " + std::to_string(s.weights_size()) + " values");
+  if (!partials_in.empty() && partials_in.size() != s.output_size())
+    refuse("partials_in needs N*O*OH*OW = " + std::to_string(s.output_size()) + " values (or none)");
+
+  const std::size_t per_pass = static_cast<std::size_t>(cfg.products_per_pass());
+  const std::size_t groups = (s.in_channels + per_pass - 1) / per_pass;
+  const std::size_t kernel = s.kernel_height * s.kernel_width;
+  const std::size_t k = groups * kernel * per_pass;  // the reduction length, padded channels included
+  const std::size_t oh = s.out_height(), ow = s.out_width();
+  // Position r of the reduction for channel c at kernel position (ky, kx).
+  auto position = [&](std::size_t c, std::size_t ky, std::size_t kx) {
+    return ((c / per_pass * s.kernel_height + ky) * s.kernel_width + kx) * per_pass + c % per_pass;
+  };
+  // The weights of every output channel in reduction order (zeros for padded channels).
+  std::vector<double> w(s.out_channels * k, 0.0);
+  for (std::size_t o = 0; o < s.out_channels; ++o)
+    for (std::size_t c = 0; c < s.in_channels; ++c)
+      for (std::size_t ky = 0; ky < s.kernel_height; ++ky)
+        for (std::size_t kx = 0; kx < s.kernel_width; ++kx)
+          w[o * k + position(c, ky, kx)] = weights[((o * s.in_channels + c) * s.kernel_height + ky) * s.kernel_width + kx];
+
+  std::vector<double> out(s.output_size());
+  std::vector<double> patch(k);
+  AmpRun run(ctx, cfg);
+  for (std::size_t n = 0; n < s.batch; ++n)
+    for (std::size_t y = 0; y < oh; ++y)
+      for (std::size_t x = 0; x < ow; ++x) {
+        std::fill(patch.begin(), patch.end(), 0.0);
+        for (std::size_t c = 0; c < s.in_channels; ++c)
+          for (std::size_t ky = 0; ky < s.kernel_height; ++ky) {
+            const std::size_t row = y * s.stride_h + ky;  // in the padded input
+            if (row < s.pad_h || row >= s.pad_h + s.height) continue;
+            for (std::size_t kx = 0; kx < s.kernel_width; ++kx) {
+              const std::size_t col = x * s.stride_w + kx;
+              if (col < s.pad_w || col >= s.pad_w + s.width) continue;
+              patch[position(c, ky, kx)] =
+                  input[((n * s.in_channels + c) * s.height + (row - s.pad_h)) * s.width + (col - s.pad_w)];
+            }
+          }
+        for (std::size_t o = 0; o < s.out_channels; ++o) {
+          const std::size_t at = ((n * s.out_channels + o) * oh + y) * ow + x;
+          out[at] = run.dot(k, patch.data(), 1, w.data() + o * k, 1, partials_in.empty() ? 0.0 : partials_in[at]);
+        }
+      }
+  return out;
+}
+
 std::unique_ptr<MatrixUnit> make_amp_unit(const AmpConfig& cfg) {
   validate(cfg);
   return std::make_unique<AmpUnit>(cfg);

@@ -46,7 +46,9 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string_view>
+#include <vector>
 
 #include "arith.hpp"
 #include "format.hpp"
@@ -122,6 +124,59 @@ std::unique_ptr<MatrixUnit> make_amp_unit(const AmpConfig& cfg);
 // subnormals. It also needs, checked per call, fp16 values in A and B and fp32 values
 // (or NaN, inf) in C. Only the speed depends on it.
 bool amp_gemm_is_vectorised(const Context& ctx, const AmpConfig& cfg);
+
+// ---- 2-D convolution through the AMP (Poplar's convolution with partialsType) -------
+//
+// Layouts (row-major, the last index fastest): input N x C x H x W (NCHW), weights
+// O x C x KH x KW (OIHW), partials_in and the result N x O x OH x OW, with
+// OH = (H + 2 pad_h - KH) / stride_h + 1 and OW likewise. The convolution is the
+// cross-correlation of neural networks (the kernel is not flipped), zero padding:
+//   out[n][o][y][x] = partial + sum_{c, ky, kx} in[n][c][y sh + ky - ph][x sw + kx - pw] w[o][c][ky][kx]
+//
+// Accumulation order. poplibs' AMP convolution vertex (ConvPartialnx1, lib/poplin/
+// codelets/ConvPartialnx1.cpp, the C++ form of conv_partial_nx1_*.S) loops over input
+// channel groups, then kernel rows, then kernel columns; for each (group, ky, kx) it runs
+// one AMP pass over the group's inChansPerGroup input channels and stores the partials
+// (AccumType) back to memory, from which the next pass reloads them. The model does the
+// same, with the group size the AMP's products_per_pass() (16 fp16 channels, 8 fp32
+// channels for f32sisoamp: poplibs' usual inChansPerGroup):
+//  - the input channels are cut into G = ceil(C / P) groups of P = products_per_pass()
+//    channels, the last padded with zero channels (input and weight +0, as poplibs pads
+//    channels; they add nothing);
+//  - each output element is one amp_dot over the reduction index
+//      r = ((g KH + ky) KW + kx) P + (c - g P)
+//    so every AMP pass is exactly one (group, ky, kx) and its phases take consecutive
+//    channels (4 per phase for fp16, 1 for fp32); positions in the padding contribute
+//    +0 inputs times the weights;
+//  - the pass results chain through the partials format, the last pass writes the
+//    output format, the first pass starts from partials_in (zero when empty).
+// Not modelled: poplibs' folding of several kernel rows into one pass for small channel
+// counts (ampKernelHeight > 1); the padding to P channels stands for it.
+// This is exactly the AMP gemm (make_amp_unit) of the im2col problem whose row for an
+// output position (n, y, x) holds the input values in the order r, whose column o holds
+// w[o] in the same order, and whose C holds the partials: results, flags and, under
+// stochastic rounding, the random bits drawn, because the outputs are computed in that
+// gemm's row-major order, n, y, x outer and o inner. Rounding, esr, NANOO (overflow
+// policy) and traps come from ctx, which collects the status flags.
+struct Conv2dShape {
+  std::size_t batch = 1, in_channels = 1, height = 1, width = 1;       // N C H W
+  std::size_t out_channels = 1, kernel_height = 1, kernel_width = 1;  // O, KH, KW
+  std::size_t stride_h = 1, stride_w = 1;
+  std::size_t pad_h = 0, pad_w = 0;  // zeros above and below, left and right
+
+  std::size_t out_height() const;
+  std::size_t out_width() const;
+  std::size_t input_size() const { return batch * in_channels * height * width; }
+  std::size_t weights_size() const { return out_channels * in_channels * kernel_height * kernel_width; }
+  std::size_t output_size() const { return batch * out_channels * out_height() * out_width(); }
+};
+
+// Throws std::invalid_argument for a zero dimension or stride, a kernel larger than the
+// padded input, spans of the wrong size (partials_in may be empty: zeros), or an invalid
+// cfg. Inputs hold values of cfg.input, partials_in values of cfg.partials.
+std::vector<double> amp_conv2d(Context& ctx, const AmpConfig& cfg, const Conv2dShape& shape,
+                               std::span<const double> input, std::span<const double> weights,
+                               std::span<const double> partials_in = {});
 
 // make_unit's entry point: ipu-amp (half_partials false: fp16 in, fp32 partials and
 // out) and ipu-amp-half (fp16 in, fp16 partials and out); in = fp32 gives f32sisoamp,
