@@ -2,9 +2,18 @@
 //
 // C = A B (A M x K, B K x N, C starting at zero) through a chosen emu matrix unit,
 // compared element by element with the exactly computed product.
-//  - Inputs come from the run's stream, lane 1, and are rounded (RNE, saturating) into
-//    in_format: uniform01 = U[0, 1); normal = N(0, 1); lognormal = exp(spread * N(0, 1));
-//    sign = positive takes magnitudes, mixed gives each entry a random sign.
+//  - Inputs are rounded (RNE, saturating) into in_format: uniform01 = U[0, 1); normal =
+//    N(0, 1); lognormal = exp(spread * N(0, 1)); sign = positive takes magnitudes, mixed
+//    gives each entry a random sign. Common random numbers: A and B depend only on
+//    (seed, replica, M, N, K, distribution, spread for lognormal, sign, in_format), not
+//    on the unit, rounding or the point's place in the grid, so every unit at the same K
+//    sees the same matrices. Their stream is the run's stream with lane 1 and the point
+//    index replaced by data_point(), a 32-bit FNV-1a hash of those parameters.
+//  - fused (fp32-seq and fp16-seq only; other units refuse fused = false): true is
+//    c <- fma(a_i, b_i, c); false rounds the product into out_format first, then the sum.
+//  - Non-finite results (overflow to inf, NaN) are counted in frac_nonfinite; the
+//    relative errors are taken over the finite results whose exact value is not zero
+//    (NaN when there is none), so max and mean always describe the same elements.
 //  - out_format is the unit's partials/output format; "" or "default" = the unit's
 //    natural one (emu/unit.hpp: fp32 for the tensor cores, ipu-amp, exact and fp32-seq;
 //    fp16 for ipu-amp-half and fp16-seq).
@@ -15,6 +24,8 @@
 //  - Relative errors |C - exact| / |exact| over the elements whose exact value is not
 //    zero; u is the unit roundoff of the unit's output (accumulation) format.
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -36,10 +47,41 @@ bool is_ipu_unit(emu::UnitKind kind) {
   return kind == emu::UnitKind::ipu_amp || kind == emu::UnitKind::ipu_amp_half;
 }
 
+bool is_sequential(emu::UnitKind kind) { return kind == emu::UnitKind::fp32_seq || kind == emu::UnitKind::fp16_seq; }
+
 std::unique_ptr<emu::MatrixUnit> build_unit(const Params& p) {
-  const std::string& out = p.string("out_format");
-  return emu::make_unit(emu::unit_kind_by_name(p.string("unit")), emu::format_by_name(p.string("in_format")),
-                        is_default_format(out) ? std::nullopt : std::optional<emu::Format>(emu::format_by_name(out)));
+  const std::string& out_name = p.string("out_format");
+  const emu::UnitKind kind = emu::unit_kind_by_name(p.string("unit"));
+  const emu::Format in = emu::format_by_name(p.string("in_format"));
+  const std::optional<emu::Format> out =
+      is_default_format(out_name) ? std::nullopt : std::optional<emu::Format>(emu::format_by_name(out_name));
+  const bool fused = p.boolean("fused");
+  if (is_sequential(kind)) return emu::make_sequential_unit(kind, fused, in, out);
+  if (!fused)
+    throw std::invalid_argument("fused = false applies to fp32-seq and fp16-seq only (unit " + p.string("unit") + ")");
+  return emu::make_unit(kind, in, out);
+}
+
+// FNV-1a, 64 bits, over the text, folded to 32 bits: stable across platforms and runs.
+std::uint32_t fnv1a32(const std::string& text) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char ch : text) {
+    h ^= ch;
+    h *= 0x100000001b3ULL;
+  }
+  return static_cast<std::uint32_t>(h ^ (h >> 32));
+}
+
+// The point index of the data stream: a hash of exactly the parameters the matrices
+// depend on (the format by its canonical name; spread only for lognormal, the one
+// distribution that reads it; spread by its bit pattern).
+std::uint32_t data_point(const Params& p) {
+  const std::string& distribution = p.string("distribution");
+  std::string key = "matmul_accum data;M=" + std::to_string(p.integer("M")) + ";N=" + std::to_string(p.integer("N")) +
+                    ";K=" + std::to_string(p.integer("K")) + ";distribution=" + distribution +
+                    ";sign=" + p.string("sign") + ";in=" + emu::format_by_name(p.string("in_format")).name();
+  if (distribution == "lognormal") key += ";spread=" + std::to_string(std::bit_cast<std::uint64_t>(p.real("spread")));
+  return fnv1a32(key);
 }
 
 double draw(emu::Rng& rng, const std::string& distribution, double spread, bool mixed_sign) {
@@ -64,7 +106,8 @@ RunResult run(const Params& p, const RunEnv& env) {
   const double spread = p.real("spread");
   const bool mixed = p.string("sign") == "mixed";
 
-  emu::StreamId data_stream = env.stream;
+  emu::StreamId data_stream = env.stream;  // seed and replica
+  data_stream.point = data_point(p);
   data_stream.lane = 1;
   emu::Rng data(data_stream);
   const emu::RoundSpec input_rounding{emu::Rounding::rne, emu::Overflow::saturate, 0};
@@ -97,18 +140,22 @@ RunResult run(const Params& p, const RunEnv& env) {
   }
 
   double max_rel = 0, sum_rel = 0;
-  std::size_t counted = 0, exact_results = 0;
+  std::size_t counted = 0, exact_results = 0, nonfinite = 0;
   for (std::size_t i = 0; i < m; ++i)
     for (std::size_t j = 0; j < n; ++j) {
       emu::ExactSum sum;
       for (std::size_t q = 0; q < k; ++q) sum.add_product(A[i * k + q], B[q * n + j]);
-      const emu::Exact x = sum.value();
+      const emu::Exact x = sum.value();  // finite: the inputs are
       const double c = C[i * n + j];
+      if (!std::isfinite(c)) {
+        ++nonfinite;
+        continue;
+      }
       if (c == x.hi && x.lo == 0 && !x.beyond_double) ++exact_results;
       if (x.hi == 0 && x.lo == 0) continue;  // relative error undefined
       // |c - x| / |x| to double accuracy: c - hi is exact (Sterbenz) or dominates lo.
       const double rel = std::fabs((c - x.hi) - x.lo) / std::fabs(x.hi);
-      max_rel = std::max(max_rel, std::isnan(rel) ? std::numeric_limits<double>::infinity() : rel);
+      max_rel = std::max(max_rel, rel);
       sum_rel += rel;
       ++counted;
     }
@@ -119,6 +166,7 @@ RunResult run(const Params& p, const RunEnv& env) {
   result.metrics["max_rel_error"] = counted ? max_rel : nan;
   result.metrics["mean_rel_error"] = counted ? sum_rel / static_cast<double>(counted) : nan;
   result.metrics["frac_exact"] = static_cast<double>(exact_results) / static_cast<double>(m * n);
+  result.metrics["frac_nonfinite"] = static_cast<double>(nonfinite) / static_cast<double>(m * n);
   result.metrics["bound_det"] = static_cast<double>(k) * u;
   result.metrics["bound_prob"] = std::sqrt(static_cast<double>(k)) * u;
   result.flags = ctx.status();
@@ -143,7 +191,7 @@ std::string check_point(const Params& p) {
 
 const Registration registration(Experiment{
     "matmul_accum",
-    "accumulation error of C = A B through a matrix unit against the exact product, over K",
+    "accumulation error of C = A B through a matrix unit against the exact product, over K (same A, B for every unit)",
     {
         string_param("unit", "ipu-amp",
                      "matrix unit: v100 t4 a100 ada l40s h100 h200 b200 ipu-amp ipu-amp-half exact fp32-seq fp16-seq",
@@ -164,11 +212,14 @@ const Registration registration(Experiment{
         string_param("rounding", "rne",
                      "context rounding mode; sr on ipu-amp/ipu-amp-half sets ESR (stochastic fp16 partials)", {},
                      check_rounding_name),
+        bool_param("fused", true,
+                   "fp32-seq/fp16-seq: true = fma per step, false = product rounded then added (other units: true)"),
     },
     {
-        {"max_rel_error", "largest |C - exact| / |exact| over the elements (exact != 0)"},
-        {"mean_rel_error", "mean |C - exact| / |exact| over the elements (exact != 0)"},
+        {"max_rel_error", "largest |C - exact| / |exact| over the finite elements with exact != 0"},
+        {"mean_rel_error", "mean |C - exact| / |exact| over the finite elements with exact != 0"},
         {"frac_exact", "fraction of elements equal to the exact product"},
+        {"frac_nonfinite", "fraction of elements that came out inf or NaN (left out of the errors)"},
         {"bound_det", "deterministic bound K * u (u: unit roundoff of the output format)"},
         {"bound_prob", "probabilistic bound sqrt(K) * u"},
     },
