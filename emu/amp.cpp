@@ -840,7 +840,8 @@ std::vector<double> amp_conv2d(Context& ctx, const AmpConfig& cfg, const Conv2dS
     for (std::size_t c = 0; c < s.in_channels; ++c)
       for (std::size_t ky = 0; ky < s.kernel_height; ++ky)
         for (std::size_t kx = 0; kx < s.kernel_width; ++kx)
-          w[o * k + position(c, ky, kx)] = weights[((o * s.in_channels + c) * s.kernel_height + ky) * s.kernel_width + kx];
+          w[o * k + position(c, ky, kx)] =
+              weights[((o * s.in_channels + c) * s.kernel_height + ky) * s.kernel_width + kx];
 
   std::vector<double> out(s.output_size());
   std::vector<double> patch(k);

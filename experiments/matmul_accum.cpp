@@ -21,12 +21,12 @@
 //    rounding = sr sets $FP_CTL.ESR (stochastic rounding of the fp16 partials) and
 //    leaves RNE as the default mode, which is how the IPU is driven; stochastic rounding
 //    takes its bits from lane 2. Units that round in a fixed way ignore the mode.
-//  - Relative errors |C - exact| / |exact| over the elements whose exact value is not
-//    zero; u is the unit roundoff of the unit's output (accumulation) format.
+//  - Relative errors |C - exact| / |exact| over the finite elements whose exact value is
+//    not zero; u is the unit roundoff of the unit's output (accumulation) format.
 #include <algorithm>
 #include <bit>
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>

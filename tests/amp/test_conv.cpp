@@ -45,7 +45,8 @@ Problem random_problem(Rng& rng, const Conv2dShape& shape, const AmpConfig& cfg,
   if (with_partials) {
     p.partials.resize(shape.output_size());
     const bool half = cfg.partials == fp16();
-    for (double& c : p.partials) c = half ? random_half(rng, 4.0) : static_cast<double>(static_cast<float>(rng.normal() * 4));
+    for (double& c : p.partials)
+      c = half ? random_half(rng, 4.0) : static_cast<double>(static_cast<float>(rng.normal() * 4));
   }
   return p;
 }

@@ -79,13 +79,16 @@ TEST_CASE("matmul_accum: common random numbers: the matrices do not depend on th
   // t4 and a100 are the same adder for fp16 inputs (block 8, one extra bit), as are ada
   // and l40s: at different points of a grid they see the same matrices, so their metrics
   // agree bit for bit.
+  auto at_point = [](const char* unit, std::uint32_t point) {
+    return run({{"unit", std::string(unit)},
+                {"K", std::int64_t{512}},
+                {"distribution", std::string("normal")},
+                {"sign", std::string("mixed")}},
+               0, point);
+  };
   for (const auto& [first, second] : {std::pair{"t4", "a100"}, std::pair{"ada", "l40s"}}) {
-    const RunResult x = run({{"unit", std::string(first)}, {"K", std::int64_t{512}}, {"distribution", std::string("normal")},
-                             {"sign", std::string("mixed")}},
-                            0, 3);
-    const RunResult y = run({{"unit", std::string(second)}, {"K", std::int64_t{512}}, {"distribution", std::string("normal")},
-                             {"sign", std::string("mixed")}},
-                            0, 11);
+    const RunResult x = at_point(first, 3);
+    const RunResult y = at_point(second, 11);
     INFO(first << " vs " << second);
     CHECK(bits(x.metrics.at("mean_rel_error")) == bits(y.metrics.at("mean_rel_error")));
     CHECK(bits(x.metrics.at("max_rel_error")) == bits(y.metrics.at("max_rel_error")));
