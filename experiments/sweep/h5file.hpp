@@ -64,8 +64,9 @@ class OutputFile {
   // Writes the complete skeleton (every dataset, status "partial") under a temporary name
   // in the output's directory, closes it, renames it onto the output path (replacing any
   // file there, unless another process holds that one open for writing: InputError) and
-  // opens it for writing. A crash or signal at any moment leaves at the output path the
-  // old file or a complete partial file, never a truncated or half-written one.
+  // opens it for writing. A crash or signal at any moment of this leaves at the output
+  // path the old file (or none) or a complete partial file, never a truncated or
+  // half-written one.
   static OutputFile create(const SweepPlan& plan, const std::string& config_sha256);
   // Opens a partial file of the same plan to continue it (InputError when another process
   // holds it open).

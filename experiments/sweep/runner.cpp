@@ -38,7 +38,8 @@ void check_result(const Experiment& experiment, const Params& params, const RunR
   if (experiment.trace_length) {
     std::size_t samples = 0;
     for (const auto& [name, trace] : result.traces) samples += trace.y.size();
-    if (const std::int64_t declared = experiment.trace_length(params); samples > static_cast<std::uint64_t>(std::max<std::int64_t>(declared, 0)))
+    const std::int64_t declared = experiment.trace_length(params);
+    if (samples > static_cast<std::uint64_t>(std::max<std::int64_t>(declared, 0)))
       throw ExperimentFailure("experiment '" + experiment.name + "' recorded " + std::to_string(samples) +
                               " trace samples, more than its trace_length " + std::to_string(declared));
   }
