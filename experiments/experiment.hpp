@@ -118,6 +118,11 @@ struct Experiment {
   std::function<RunResult(const Params&, const RunEnv&)> run;
   // Checks across parameters of one point (e.g. trace_every <= steps); "" when fine.
   std::function<std::string(const Params&)> check_point;
+  // Optional; experiments with traces should provide it: the most trace samples one run
+  // at these params records, all its traces together (0 = none). The sweep checks the
+  // total of a config against its trace limit before anything runs (configs/README.md),
+  // and a run that records more than this is a bug (exit 1).
+  std::function<std::int64_t(const Params&)> trace_length = {};
 };
 
 // All registered experiments, in registration order.

@@ -10,11 +10,17 @@ summation: <stem>_rel_error.png (mean relative error over replicas against n, lo
            one panel per series and format, one line per rounding and algorithm).
 other experiments: <stem>_<metric>.png per metric (mean and range over replicas per point).
 
-DIR defaults to the folder of RESULTS.h5. Prints the paths written.
+Non-finite results (inf or NaN: e.g. an fp16 sum of 10^6 uniform terms overflows past
+65504, an honest result) are never dropped silently: they are drawn as "x" markers at the
+top edge of their panel (summation: also exact results, error 0, as "v" at the bottom
+edge of the log axis), and stderr lists the points they come from.
+
+DIR defaults to the folder of RESULTS.h5. Prints the paths written (stdout).
 """
 import argparse
 import os
 import sys
+import warnings
 
 import matplotlib
 
@@ -40,6 +46,32 @@ def varying(result, exclude=()):
 def label(result, point, names):
     return " ".join("%s=%s" % (n, result.points[n][point]) if n not in ("format", "rounding", "algorithm", "series")
                     else str(result.points[n][point]) for n in names) or "all"
+
+
+def point_text(result, point):
+    """Every parameter that varies over the finished points, as name=value."""
+    return " ".join("%s=%s" % (n, result.points[n][point]) for n in varying(result)) or "point %d" % point
+
+
+def report_nonfinite(result, metric, points, how_drawn):
+    """Says on stderr which finished points hold inf or NaN in `metric` (any replica)."""
+    values = result.metrics[metric]
+    bad = [p for p in points if not np.isfinite(values[p]).all()]
+    if not bad:
+        return
+    print("plot.py: %s: %d of %d points have non-finite %s (inf or NaN in some replica; e.g. overflow), %s:"
+          % (result.attrs.get("experiment"), len(bad), len(points), metric, how_drawn), file=sys.stderr)
+    for p in bad:
+        v = values[p]
+        print("  point %d (%s): %d inf, %d NaN of %d replicas"
+              % (p, point_text(result, p), np.isinf(v).sum(), np.isnan(v).sum(), v.size), file=sys.stderr)
+
+
+def mark_edge(ax, x, where, marker, color, label=None):
+    """Markers at x (data) on the top (where=1) or bottom (where=0) edge of the panel."""
+    if len(x):
+        ax.plot(x, np.full(len(x), 0.97 if where else 0.03), marker, color=color, ms=7, mew=1.5, ls="none",
+                transform=ax.get_xaxis_transform(), clip_on=False, label=label)
 
 
 def groups(result, key):
@@ -97,13 +129,20 @@ def plot_swamping(result, out_dir, stem):
         pad = max(hi - lo, abs(hi) * 1e-6, 1e-12) * 0.05
         bins = np.linspace(lo - pad, hi + pad, 41)
         for p in points:
-            ax.hist(finals[p][np.isfinite(finals[p])], bins=bins, alpha=0.6, label=label(result, p, legend_keys))
+            # A histogram has no bin for inf or NaN: those replicas are counted in the legend.
+            n_bad = int((~np.isfinite(finals[p])).sum())
+            extra = " (%d non-finite, not binned)" % n_bad if n_bad else ""
+            ax.hist(finals[p][np.isfinite(finals[p])], bins=bins, alpha=0.6, label=label(result, p, legend_keys) + extra)
         ax.axvline(np.nanmean(result.metrics["exact"][points[0]]), color="k", ls="--", lw=1, label="exact")
-        ax.set_title("%s: final x over %d replicas" % (fmt, finals.shape[1]), fontsize=10)
+        n_bad = int((~np.isfinite(values)).sum())
+        ax.set_title("%s: final x over %d replicas%s" % (fmt, finals.shape[1],
+                                                         ", %d non-finite" % n_bad if n_bad else ""), fontsize=10)
         ax.set_xlabel("final x")
         ax.set_ylabel("replicas")
         ax.legend(fontsize=8)
     paths.append(save(fig, out_dir, stem, "finals"))
+    report_nonfinite(result, "final", list(np.flatnonzero(result.done)),
+                     "counted in the legend and title of swamping_finals (not binned)")
     return paths
 
 
@@ -118,20 +157,29 @@ def plot_summation(result, out_dir, stem):
         for p in np.flatnonzero(result.done):
             if result.points["series"][p] == series and result.points["format"][p] == fmt:
                 lines.setdefault(label(result, p, legend_keys), []).append(p)
+        overflow_labelled = exact_labelled = False
         for name, points in lines.items():
             points = sorted(points, key=lambda p: result.points["n"][p])
             n = result.points["n"][points]
             mean = rel[points].mean(axis=1)
-            # Exact sums (error 0) and runs that overflowed the format (inf or NaN error,
-            # e.g. fp16 sums past 65504) have no place on a log axis: drawn as gaps.
-            mean = np.where((mean > 0) & np.isfinite(mean), mean, np.nan)
-            ax.loglog(n, mean, "o-", ms=3, label=name)
+            # Runs that overflowed the format (inf or NaN error, e.g. fp16 sums past 65504)
+            # and exact sums (error 0) have no place on a log axis: the line has a gap
+            # there and a marker on the panel's edge says which.
+            nonfinite, exact = ~np.isfinite(mean), mean == 0
+            line, = ax.loglog(n, np.where(nonfinite | exact, np.nan, mean), "o-", ms=3, label=name)
+            mark_edge(ax, n[nonfinite], 1, "x", line.get_color(), None if overflow_labelled else "inf/NaN (overflow)")
+            mark_edge(ax, n[exact], 0, "v", line.get_color(), None if exact_labelled else "exact (error 0)")
+            overflow_labelled |= bool(nonfinite.any())
+            exact_labelled |= bool(exact.any())
         ax.set_title("%s, %s" % (series, fmt), fontsize=10)
         ax.set_xlabel("n (terms)")
         ax.set_ylabel("mean relative error")
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=7)
-    return [save(fig, out_dir, stem, "rel_error")]
+    path = save(fig, out_dir, stem, "rel_error")
+    report_nonfinite(result, "rel_error", list(np.flatnonzero(result.done)),
+                     "drawn as x on the top edge of their panels in %s" % os.path.basename(path))
+    return [path]
 
 
 def plot_generic(result, out_dir, stem):
@@ -143,16 +191,28 @@ def plot_generic(result, out_dir, stem):
     for name, values in result.metrics.items():
         fig, ax = plt.subplots(figsize=(max(5.0, 0.35 * len(done) + 2), 4))
         v = values[done]
-        mean = np.nanmean(v, axis=1)
+        # Mean and range of the finite replicas; a point with any inf or NaN replica gets
+        # an x on the top edge instead of silently losing those replicas.
+        nonfinite = ~np.isfinite(v).all(axis=1)
+        finite = np.where(np.isfinite(v), v, np.nan)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows: nothing to draw
+            mean = np.nanmean(finite, axis=1)
+            low, high = np.nanmin(finite, axis=1), np.nanmax(finite, axis=1)
+        mean = np.where(nonfinite, np.nan, mean)
         # Clipped at 0: the mean of equal values can land an ulp outside their range.
-        below = np.maximum(mean - np.nanmin(v, axis=1), 0)
-        above = np.maximum(np.nanmax(v, axis=1) - mean, 0)
+        below = np.maximum(mean - low, 0)
+        above = np.maximum(high - mean, 0)
         ax.errorbar(np.arange(len(done)), mean, yerr=[below, above], fmt="o", capsize=2)
+        mark_edge(ax, np.flatnonzero(nonfinite), 1, "x", "C3", "inf/NaN in some replica")
+        if nonfinite.any():
+            ax.legend(fontsize=7)
         ax.set_xticks(np.arange(len(done)))
         ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
         ax.set_ylabel(name)
         ax.set_title("%s: %s (mean, range over replicas)" % (result.attrs.get("experiment"), name), fontsize=10)
         paths.append(save(fig, out_dir, stem, name))
+        report_nonfinite(result, name, list(done), "drawn as x on the top edge of %s" % os.path.basename(paths[-1]))
     return paths
 
 

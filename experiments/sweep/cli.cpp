@@ -32,9 +32,10 @@ const char* const kUsage =
     "Runs every grid point x replica of a YAML config in parallel and writes one HDF5 file\n"
     "(schema: results/README.md; config keys: configs/README.md).\n"
     "\n"
-    "  -o, --output OUT   write OUT instead of the config's output (relative to the cwd)\n"
+    "  -o, --output OUT   write OUT instead of the config's output (relative to the cwd;\n"
+    "                     a name starting with '-' is written ./-name)\n"
     "  -j, --jobs N       use N threads (default: all cores)\n"
-    "  --force            overwrite an existing output\n"
+    "  --force            replace an existing output (never one another process has open)\n"
     "  --resume           continue a partial output of the same config\n"
     "  --dry-run          validate, print the grid size and output path, compute nothing\n"
     "  --quiet            no progress bar\n"
@@ -57,8 +58,21 @@ Arguments parse_arguments(int argc, char** argv) {
   std::optional<std::string> attached;
   const auto value_of = [&](int& i, const std::string& flag) -> std::string {
     if (attached) return *std::exchange(attached, std::nullopt);
-    if (i + 1 >= argc) throw InputError("sweep: " + flag + " needs a value (see sweep --help)");
+    if (i + 1 >= argc) throw InputError("sweep: option " + flag + " needs a value (see sweep --help)");
     return argv[++i];
+  };
+  // A name (output file, experiment) never starts with '-': `-o --quiet` is a forgotten
+  // value, not a file named --quiet (write ./--quiet for that); "-" (standard output) is
+  // no HDF5 file either.
+  const auto name_of = [&](int& i, const std::string& flag, bool is_file) -> std::string {
+    const bool given_apart = !attached;
+    std::string value = value_of(i, flag);
+    if (value == "-" && is_file)
+      throw InputError("sweep: option " + flag + " needs a value: '-' (standard output) is not supported; name an HDF5 file");
+    if (value.rfind('-', 0) == 0)
+      throw InputError("sweep: option " + flag + " needs a value, got " + (given_apart ? "the option " : "") + "'" + value +
+                       "'" + (is_file ? " (for a file of that name, write ./" + value + ")" : ""));
+    return value;
   };
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -72,8 +86,8 @@ Arguments parse_arguments(int argc, char** argv) {
     }
     if (arg == "-h" || arg == "--help") args.help = true;
     else if (arg == "--list") args.list = true;
-    else if (arg == "--describe") args.describe = value_of(i, arg);
-    else if (arg == "-o" || arg == "--output") args.output = value_of(i, arg);
+    else if (arg == "--describe") args.describe = name_of(i, arg, false);
+    else if (arg == "-o" || arg == "--output") args.output = name_of(i, arg, true);
     else if (arg == "-j" || arg == "--jobs") {
       const std::string text = value_of(i, arg);
       std::size_t used = 0;
@@ -102,6 +116,21 @@ Arguments parse_arguments(int argc, char** argv) {
     if (attached) throw InputError("sweep: " + arg + " takes no value (see sweep --help)");
   }
   if (args.force && args.resume) throw InputError("sweep: --force and --resume exclude each other");
+  if (!args.help && (args.list || args.describe)) {
+    // --list and --describe run nothing: anything else given with them is a mistake.
+    const std::string mode = args.list ? "--list" : "--describe";
+    std::string extra;
+    if (args.list && args.describe) extra = "--describe";
+    else if (args.config) extra = "'" + *args.config + "'";
+    else if (args.output) extra = "-o";
+    else if (args.jobs) extra = "-j";
+    else if (args.force) extra = "--force";
+    else if (args.resume) extra = "--resume";
+    else if (args.dry_run) extra = "--dry-run";
+    else if (args.quiet) extra = "--quiet";
+    if (!extra.empty())
+      throw InputError("sweep: " + mode + " takes nothing else (got " + extra + "); usage: sweep --list, sweep --describe EXPERIMENT");
+  }
   if (!args.help && !args.list && !args.describe && !args.config)
     throw InputError("sweep: no config given (usage: sweep CONFIG.yaml [options]; see sweep --help)");
   return args;
@@ -122,6 +151,7 @@ std::string limits_text(const ParamSpec& spec) {
   }
   if (spec.min) text += (text.empty() ? "" : "; ") + std::string(">= ") + to_string(*spec.min);
   if (spec.max) text += (text.empty() ? "" : "; ") + std::string("<= ") + to_string(*spec.max);
+  if (spec.numbers_as_text) text += (text.empty() ? "" : "; ") + std::string("a plain number is taken as its text");
   return text;
 }
 
@@ -169,7 +199,7 @@ void print_summary(const std::string& path) {
   header.push_back("point");
   for (std::size_t k : varied) header.push_back(s.param_names[k]);
   for (const char* stat : {"mean", "std", "min", "max"}) header.push_back(s.headline_metric + "." + stat);
-  constexpr std::size_t kMaxRows = 40;
+  constexpr std::size_t kMaxRows = 1000;
   std::size_t not_shown = 0;
   for (std::size_t p = 0; p < s.n_points; ++p) {
     if (!s.done[p]) continue;
@@ -206,7 +236,7 @@ void print_summary(const std::string& path) {
     for (std::size_t c = 0; c < row.size(); ++c) out << (c ? "  " : "") << std::string(width[c] - row[c].size(), ' ') << row[c];
     out << '\n';
   }
-  if (not_shown) out << "... " << not_shown << " more points (read them with scripts/roundoff_h5.py)\n";
+  if (not_shown) out << "... " << not_shown << " more points; all are in the file (scripts/roundoff_h5.py reads them)\n";
   out << "output: " << path << '\n';
   std::cout << out.str() << std::flush;
 }
@@ -214,13 +244,16 @@ void print_summary(const std::string& path) {
 std::atomic<bool> g_stop_requested{false};
 extern "C" void request_stop(int) { g_stop_requested.store(true); }
 
-// SIGINT and SIGTERM set g_stop_requested while a sweep runs; restored afterwards.
+// SIGINT and SIGTERM set g_stop_requested from the start of sweep_main to its end (the
+// previous handlers are restored afterwards): a signal at any moment, while the config is
+// parsed or the output created too, stops the sweep through the same path.
 class StopSignals {
  public:
   StopSignals() {
     g_stop_requested.store(false);
     struct sigaction action {};
     action.sa_handler = request_stop;
+    action.sa_flags = SA_RESTART;  // file reads and writes go on
     sigemptyset(&action.sa_mask);
     sigaction(SIGINT, &action, &previous_int_);
     sigaction(SIGTERM, &action, &previous_term_);
@@ -236,10 +269,16 @@ class StopSignals {
   struct sigaction previous_int_ {}, previous_term_ {};
 };
 
+int interrupted_before_start() {
+  std::fprintf(stderr, "sweep: interrupted before any point was computed; nothing written\n");
+  return kExitInterrupted;
+}
+
 int run(const Arguments& args) {
   const SweepPlan plan = load_plan(*args.config, args.output);
   const std::string sha = sha256_hex(plan.config_text);
   const std::size_t n_points = plan.points.size();
+  if (g_stop_requested.load()) return interrupted_before_start();
 
   if (args.dry_run) {
     std::printf("%s: %zu points x %u replicas = %zu runs\noutput: %s\n", plan.experiment->name.c_str(), n_points,
@@ -250,6 +289,7 @@ int run(const Arguments& args) {
   const ExistingOutput existing = inspect_output(plan.output);
   const std::string& out = plan.output;
   bool resume = false;
+  if (existing.kind == ExistingOutput::Kind::in_use) throw InputError(in_use_message(out));  // --force too
   if (existing.kind != ExistingOutput::Kind::missing && !args.force) {
     if (existing.kind == ExistingOutput::Kind::not_hdf5)
       throw InputError("sweep: " + out + " exists and is not an HDF5 file; left untouched (choose another -o, or --force to overwrite)");
@@ -265,17 +305,25 @@ int run(const Arguments& args) {
     }
     if (!args.resume)
       throw InputError("sweep: " + out + " holds a partial run of this config; continue it with --resume, or start over with --force");
+    // One file, one build: finishing another build's partial run could mix two builds' numbers.
+    const std::string version = build_roundoff_version(), commit = build_git_commit();
+    if (existing.roundoff_version != version || existing.git_commit != commit)
+      throw InputError("sweep: " + out + " holds a partial run by another build (roundoff_version " + existing.roundoff_version +
+                       ", git_commit " + existing.git_commit + "; this is " + version + ", " + commit +
+                       "); not resumed, so that one file holds one build's numbers: start over with --force");
     resume = true;
   }
+  if (g_stop_requested.load()) return interrupted_before_start();
 
   RunReport report;
   {
+    // A signal from here on: the points finished so far (maybe none) are in a valid
+    // partial file that --resume continues.
     OutputFile output = resume ? OutputFile::open_for_resume(plan) : OutputFile::create(plan, sha);
     const std::vector<std::uint8_t> done = resume ? output.read_done() : std::vector<std::uint8_t>(n_points, 0);
     RunOptions options;
     options.threads = args.jobs;
     options.progress = !args.quiet && isatty(STDERR_FILENO);
-    StopSignals signals;
     report = run_plan(plan, output, done, options, g_stop_requested);
     if (report.complete) output.mark_complete();
   }
@@ -297,6 +345,7 @@ std::string one_line(std::string text) {
 }  // namespace
 
 int sweep_main(int argc, char** argv) {
+  const StopSignals signals;  // first of all: no moment is left to the default action
   try {
     const Arguments args = parse_arguments(argc, argv);
     if (args.help) {

@@ -1,15 +1,18 @@
 #include "config.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <regex>
-#include <sstream>
 
 namespace roundoff::sweep {
 
@@ -76,6 +79,58 @@ ScalarKind plain_scalar_kind(const std::string& text) {
   if (std::regex_match(text, int_re)) return ScalarKind::integer;
   if (std::regex_match(text, real_re)) return ScalarKind::real;
   return ScalarKind::string;
+}
+
+// The first problem of the config text as YAML characters, with its 1-based line and byte
+// column (yaml-cpp's columns count bytes too, and not a leading byte order mark): bytes
+// that are not UTF-8 (overlong forms, surrogates and values past U+10FFFF included), and
+// characters outside YAML's printable set (C0 and C1 controls but tab, line feed, carriage
+// return and U+0085; DEL; U+FFFE and U+FFFF). They would otherwise reach the output's
+// attributes, which are marked UTF-8 (and a NUL would cut the text short).
+struct TextProblem {
+  int line = 1, column = 1;
+  std::string message;
+};
+
+std::optional<TextProblem> check_characters(const std::string& text) {
+  const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(text[i]); };
+  const std::size_t bom = text.rfind("\xEF\xBB\xBF", 0) == 0 ? 3 : 0;
+  int line = 1;
+  std::size_t line_start = bom;
+  for (std::size_t i = bom; i < text.size();) {
+    const unsigned char b = byte(i);
+    std::size_t length = 1;
+    char32_t cp = b;
+    unsigned char low = 0x80, high = 0xBF;  // the range of the second byte
+    if (b >= 0xC2 && b <= 0xDF) length = 2, cp = b & 0x1F;
+    else if (b >= 0xE0 && b <= 0xEF) length = 3, cp = b & 0x0F, low = b == 0xE0 ? 0xA0 : 0x80, high = b == 0xED ? 0x9F : 0xBF;
+    else if (b >= 0xF0 && b <= 0xF4) length = 4, cp = b & 0x07, low = b == 0xF0 ? 0x90 : 0x80, high = b == 0xF4 ? 0x8F : 0xBF;
+    else if (b >= 0x80) length = 0;  // a continuation byte without a lead, or 0xC0 0xC1 0xF5..0xFF
+    bool valid = length > 0 && i + length <= text.size();
+    for (std::size_t k = 1; valid && k < length; ++k) {
+      const unsigned char c = byte(i + k);
+      valid = k == 1 ? (c >= low && c <= high) : (c >= 0x80 && c <= 0xBF);
+      cp = (cp << 6) | (c & 0x3F);
+    }
+    const int column = static_cast<int>(i - line_start) + 1;
+    if (!valid) {
+      char message[48];
+      std::snprintf(message, sizeof message, "not valid UTF-8 (byte 0x%02X)", b);
+      return TextProblem{line, column, message};
+    }
+    const bool printable = cp == 0x09 || cp == 0x0A || cp == 0x0D || (cp >= 0x20 && cp <= 0x7E) || cp == 0x85 ||
+                           (cp >= 0xA0 && cp <= 0xD7FF) || (cp >= 0xE000 && cp <= 0xFFFD) || cp >= 0x10000;
+    if (!printable) {
+      char code[16];
+      std::snprintf(code, sizeof code, "U+%04X", static_cast<unsigned>(cp));
+      return TextProblem{line, column, std::string("character ") + code +
+                                           " is not allowed in YAML (only tab, line feed and carriage return of the "
+                                           "control characters)"};
+    }
+    i += length;
+    if (cp == 0x0A) ++line, line_start = i;
+  }
+  return std::nullopt;
 }
 
 // A YAML node with the place to report problems at and its key path.
@@ -226,6 +281,84 @@ class Reader {
   std::string file_;
 };
 
+// Whether the quoted scalar that starts at byte `start` of the source (after its tag or
+// anchor, if any) is closed by its quote: yaml-cpp 0.7 ends one that never closes at the
+// end of the file without an error. Escapes: \" in double quotes, '' in single quotes.
+bool quoted_scalar_closes(const std::string& text, std::size_t start) {
+  std::size_t i = start;
+  // Properties before the content: !tag, &anchor, each followed by blanks or line breaks.
+  while (i < text.size() && (text[i] == '!' || text[i] == '&')) {
+    while (i < text.size() && !std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+    while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  }
+  if (i >= text.size() || (text[i] != '"' && text[i] != '\'')) return true;  // not quoted
+  const char quote = text[i];
+  for (++i; i < text.size(); ++i) {
+    if (quote == '"' && text[i] == '\\') ++i;  // skip the escaped character
+    else if (text[i] == quote) {
+      if (quote == '\'' && i + 1 < text.size() && text[i + 1] == '\'') ++i;  // '' is one quote
+      else return true;
+    }
+  }
+  return false;
+}
+
+// Checks every node of the document before any value is read: only the YAML 1.2 core
+// tags (!!str !!int !!float !!bool !!null on values, !!seq !!map on lists and mappings;
+// a scalar with !!int, !!float, !!bool or !!null must read as one), quoted scalars closed
+// in the source, and no aliases that expand to more nodes than the file could spell out.
+class NodeChecker {
+ public:
+  NodeChecker(const Reader& reader, const std::string& text)
+      : reader_(reader), text_(text), bom_(text.rfind("\xEF\xBB\xBF", 0) == 0 ? 3 : 0),
+        budget_(2 * text.size() + 16) {}
+
+  void check(const YAML::Node& node, const YAML::Mark& fallback, const std::string& path) {
+    const YAML::Mark mark = node.Mark().is_null() ? fallback : node.Mark();
+    if (budget_-- == 0)
+      reader_.fail(YAML::Mark{}, "yaml", "aliases expand to more values than the file holds; write the values out");
+    const std::string& tag = node.Tag();
+    const std::string core = "tag:yaml.org,2002:";
+    const auto refuse = [&] {
+      const std::string shown = tag.rfind(core, 0) == 0 ? "!!" + tag.substr(core.size()) : tag;
+      reader_.fail(mark, path, "unsupported YAML tag '" + shown +
+                                   "' (only the core !!str !!int !!float !!bool !!null on values and !!seq !!map on "
+                                   "lists and mappings)");
+    };
+    if (node.IsScalar()) {
+      if (tag != "?" && tag != "!" && tag != core + "str") {
+        const std::pair<const char*, ScalarKind> typed[] = {
+            {"int", ScalarKind::integer}, {"float", ScalarKind::real}, {"bool", ScalarKind::boolean}, {"null", ScalarKind::null}};
+        const auto it = std::find_if(std::begin(typed), std::end(typed), [&](const auto& t) { return tag == core + t.first; });
+        if (it == std::end(typed)) refuse();
+        if (plain_scalar_kind(node.Scalar()) != it->second)
+          reader_.fail(mark, path, "'" + node.Scalar() + "' is not " + kind_name(it->second));
+      }
+      if (tag != "?" && !node.Mark().is_null() && !quoted_scalar_closes(text_, bom_ + node.Mark().pos))
+        reader_.fail(mark, "yaml", "syntax error: quoted string not closed (it runs to the end of the file)");
+    } else if (node.IsSequence()) {
+      if (tag != "?" && tag != core + "seq") refuse();
+      std::size_t index = 0;
+      for (const YAML::Node& element : node) check(element, mark, path + "[" + std::to_string(index++) + "]");
+    } else if (node.IsMap()) {
+      if (tag != "?" && tag != core + "map") refuse();
+      for (const auto& kv : node) {
+        const std::string key_path =
+            kv.first.IsScalar() ? (path == "config" ? "" : path + ".") + kv.first.Scalar() : path;
+        check(kv.first, mark, key_path);
+        check(kv.second, kv.first.Mark().is_null() ? mark : kv.first.Mark(), key_path);
+      }
+    } else if (!tag.empty() && tag != "?" && tag != "!" && tag != core + "null") {
+      refuse();
+    }
+  }
+
+ private:
+  const Reader& reader_;
+  const std::string& text_;
+  std::size_t bom_, budget_;
+};
+
 // One varied dimension of the grid: a grid key, or all zip keys together.
 struct Axis {
   std::vector<std::string> params;                 // one for a grid key; the zip keys for zip
@@ -264,13 +397,32 @@ SweepPlan parse_plan(const std::string& config_text, const std::string& config_p
   plan.config_path = config_path;
   plan.config_text = config_text;
 
-  YAML::Node root;
+  if (const auto problem = check_characters(config_text))
+    throw config_error(config_path, problem->line, problem->column, "yaml", problem->message);
+  std::vector<YAML::Node> documents;
   try {
-    root = YAML::Load(config_text);
+    documents = YAML::LoadAll(config_text);
   } catch (const YAML::ParserException& e) {
     throw config_error(config_path, e.mark.line + 1, e.mark.column + 1, "yaml", "syntax error: " + e.msg);
   }
   const YAML::Mark top{};  // line 0, column 0: the top of the file
+  if (documents.size() > 1) {
+    // At the second document's content; an empty one (a trailing ---) at the last line
+    // that starts with a document marker.
+    YAML::Mark mark = documents[1].Mark();
+    if (documents[1].IsNull() || mark.is_null()) {
+      mark = top;
+      int line = 0;
+      for (std::size_t start = 0; start < config_text.size(); ++line) {
+        if (config_text.compare(start, 3, "---") == 0 || config_text.compare(start, 3, "...") == 0) mark.line = line;
+        const std::size_t end = config_text.find('\n', start);
+        start = end == std::string::npos ? config_text.size() : end + 1;
+      }
+    }
+    reader.fail(mark, "yaml", "syntax error: a second YAML document (after '---' or '...'); a config is one document");
+  }
+  const YAML::Node root = documents.empty() ? YAML::Node() : documents.front();
+  NodeChecker(reader, config_text).check(root, top, "config");
   if (!root.IsMap()) reader.fail(top, "config", "expected a mapping with at least 'experiment:' and usually 'grid:'");
 
   const std::vector<std::string> known_keys = {"experiment", "description", "seed", "replicas", "output", "grid", "zip"};
@@ -311,10 +463,14 @@ SweepPlan parse_plan(const std::string& config_text, const std::string& config_p
     plan.replicas = static_cast<std::uint32_t>(replicas);
   }
 
+  // The config's own output is checked even when -o replaces it: a config that only runs
+  // with -o is broken. Its directory matters only when it is used.
+  const Located* output_at = get("output");
+  if (output_at && reader.string(*output_at).empty()) reader.fail(*output_at, "output path is empty");
   if (output_override) {
     plan.output = *output_override;
     check_output_directory(plan.output, [](const std::string& m) { throw InputError("sweep: -o: " + m); });
-  } else if (const Located* at = get("output")) {
+  } else if (const Located* at = output_at) {
     plan.output = reader.string(*at);
     check_output_directory(plan.output, [&](const std::string& m) { reader.fail(*at, m); });
   } else {
@@ -395,9 +551,18 @@ SweepPlan parse_plan(const std::string& config_text, const std::string& config_p
                     " x " + std::to_string(plan.replicas) + " replicas is over the limit of " +
                     std::to_string(kMaxRuns) + " runs per config; split the sweep into several configs");
 
-  // Expansion: the last axis varies fastest.
+  // Expansion: the last axis varies fastest. Each point is checked as a whole, and the
+  // traces it will record are counted against the limits.
   std::map<std::string, ParamValue> defaults;
   for (const ParamSpec& spec : experiment.params) defaults[spec.name] = spec.default_value;
+  const auto point_problem = [&](std::uint64_t p, const Params& point, const std::string& problem) {
+    std::string where;
+    for (const Axis& axis : axes)
+      for (const std::string& name : axis.params) where += (where.empty() ? "" : ", ") + name + "=" + to_string(point.at(name));
+    reader.fail(grid_mark, grid_path, "point " + std::to_string(p) + (where.empty() ? "" : " (" + where + ")") + ": " + problem);
+  };
+  // At most kMaxRuns x kMaxTraceSamplesPerRun = 10^13: no overflow.
+  std::uint64_t trace_values = 0;
   plan.points.reserve(n_points);
   for (std::uint64_t p = 0; p < n_points; ++p) {
     std::map<std::string, ParamValue> values = defaults;
@@ -409,25 +574,45 @@ SweepPlan parse_plan(const std::string& config_text, const std::string& config_p
     }
     Params point(std::move(values));
     if (experiment.check_point)
-      if (const std::string problem = experiment.check_point(point); !problem.empty()) {
-        std::string where;
-        for (const Axis& axis : axes)
-          for (const std::string& name : axis.params)
-            where += (where.empty() ? "" : ", ") + name + "=" + to_string(point.at(name));
-        reader.fail(grid_mark, grid_path,
-                    "point " + std::to_string(p) + (where.empty() ? "" : " (" + where + ")") + ": " + problem);
-      }
+      if (const std::string problem = experiment.check_point(point); !problem.empty()) point_problem(p, point, problem);
+    if (experiment.trace_length) {
+      const auto samples = static_cast<std::uint64_t>(std::max<std::int64_t>(0, experiment.trace_length(point)));
+      if (samples > kMaxTraceSamplesPerRun)
+        point_problem(p, point, "a run records " + std::to_string(samples) + " trace samples, over the limit of " +
+                                    std::to_string(kMaxTraceSamplesPerRun) + " per run; record fewer (e.g. a larger trace_every)");
+      trace_values += samples * plan.replicas;
+    }
     plan.points.push_back(std::move(point));
   }
+  if (trace_values > kMaxTraceValues)
+    reader.fail(grid_mark, grid_path,
+                "the traces of this sweep would hold " + std::to_string(trace_values) +
+                    " values (points x replicas x samples per run), over the limit of " + std::to_string(kMaxTraceValues) +
+                    " (2 GiB of float64) per config; record fewer (e.g. a larger trace_every) or split the sweep");
   return plan;
 }
 
 SweepPlan load_plan(const std::string& config_path, const std::optional<std::string>& output_override) {
-  std::ifstream in(config_path, std::ios::binary);
-  if (!in) throw InputError("sweep: cannot read config '" + config_path + "'");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse_plan(text.str(), config_path, output_override);
+  const auto cannot_read = [&](int error) { return InputError(config_path + ": config: cannot read: " + std::strerror(error)); };
+  const int fd = open(config_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw cannot_read(errno);
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { close(fd); }
+  } closer{fd};
+  struct stat info {};
+  if (fstat(fd, &info) != 0) throw cannot_read(errno);
+  if (S_ISDIR(info.st_mode)) throw cannot_read(EISDIR);
+  std::string text;
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw cannot_read(errno);
+    if (n == 0) break;
+    text.append(buffer, static_cast<std::size_t>(n));
+  }
+  return parse_plan(text, config_path, output_override);
 }
 
 }  // namespace roundoff::sweep

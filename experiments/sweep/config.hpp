@@ -16,6 +16,11 @@ namespace roundoff::sweep {
 
 // The most runs (grid points x replicas) one config may ask for.
 inline constexpr std::uint64_t kMaxRuns = 1'000'000;
+// The most trace samples one run may record (80 MB of float64), and the most trace values
+// a whole config may record, points x replicas x samples per run: 2^28 float64 = 2 GiB.
+// Checked before anything runs, for experiments that declare their trace_length.
+inline constexpr std::uint64_t kMaxTraceSamplesPerRun = 10'000'000;
+inline constexpr std::uint64_t kMaxTraceValues = std::uint64_t{1} << 28;
 
 // Bad input: a config problem (with its place in the file) or a bad argument.
 class InputError : public std::runtime_error {
@@ -40,11 +45,12 @@ struct SweepPlan {
 };
 
 // Parses and validates `config_text` (read from `config_path`). `output_override` is the
-// -o argument, which replaces the config's `output`.
+// -o argument, which replaces the config's `output` (that is still checked to be a path).
 SweepPlan parse_plan(const std::string& config_text, const std::string& config_path,
                      const std::optional<std::string>& output_override);
 
-// Reads the file, then parse_plan.
+// Reads the file (a problem reading it is "FILE: config: cannot read: OS reason"), then
+// parse_plan.
 SweepPlan load_plan(const std::string& config_path, const std::optional<std::string>& output_override);
 
 // Levenshtein distance, for "did you mean".

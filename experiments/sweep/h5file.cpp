@@ -1,6 +1,13 @@
 #include "h5file.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <limits>
@@ -164,13 +171,51 @@ void silence_hdf5_errors() {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
 }
 
+// HDF5 (1.10 on) holds a flock() on every file it has open, exclusive for writing and
+// shared for reading (unless HDF5_USE_FILE_LOCKING=FALSE). This takes one on `path` too,
+// without waiting, and keeps it until destroyed: `refused()` means another process holds a
+// conflicting one (LOCK_SH: a writer; LOCK_EX: any writer or reader).
+class LockProbe {
+ public:
+  LockProbe(const std::string& path, int how) : fd_(open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+    if (fd_ < 0) return;
+    while (flock(fd_, how | LOCK_NB) != 0) {
+      if (errno == EINTR) continue;
+      refused_ = errno == EWOULDBLOCK;
+      break;
+    }
+  }
+  ~LockProbe() {
+    if (fd_ >= 0) close(fd_);
+  }
+  LockProbe(const LockProbe&) = delete;
+  LockProbe& operator=(const LockProbe&) = delete;
+  bool refused() const { return refused_; }
+
+ private:
+  int fd_;
+  bool refused_ = false;
+};
+
 }  // namespace
+
+std::string build_roundoff_version() { return ROUNDOFF_VERSION; }
+std::string build_git_commit() { return ROUNDOFF_GIT_COMMIT; }
+
+std::string in_use_message(const std::string& path) {
+  return "sweep: " + path + " is in use by another process (it holds the file's HDF5 lock: a sweep still writing it, "
+         "or a program that has it open); left untouched, try again when that has finished";
+}
 
 ExistingOutput inspect_output(const std::string& path) {
   silence_hdf5_errors();
   ExistingOutput existing;
   std::error_code ec;
   if (!std::filesystem::exists(path, ec) && !ec) return existing;  // missing
+  if (LockProbe(path, LOCK_SH).refused()) {  // before HDF5 opens it: that would fail like a foreign file
+    existing.kind = ExistingOutput::Kind::in_use;
+    return existing;
+  }
   if (H5Fis_hdf5(path.c_str()) <= 0) {
     existing.kind = ExistingOutput::Kind::not_hdf5;
     return existing;
@@ -183,23 +228,20 @@ ExistingOutput inspect_output(const std::string& path) {
   Hid guard(file, H5Fclose);
   existing.config_sha256 = read_string_attribute(file, "config_sha256");
   existing.status = read_string_attribute(file, "status");
+  existing.roundoff_version = read_string_attribute(file, "roundoff_version");
+  existing.git_commit = read_string_attribute(file, "git_commit");
   const bool ours = !existing.config_sha256.empty() && H5Aexists(file, "roundoff_version") > 0 &&
                     H5Lexists(file, "done", H5P_DEFAULT) > 0;
   existing.kind = ours ? ExistingOutput::Kind::roundoff : ExistingOutput::Kind::not_roundoff;
   return existing;
 }
 
-OutputFile OutputFile::create(const SweepPlan& plan, const std::string& config_sha256) {
-  silence_hdf5_errors();
+namespace {
+
+// Every attribute, group and dataset of a new output, in file `f`.
+void write_layout(hid_t f, const SweepPlan& plan, const std::string& config_sha256) {
   const Experiment& experiment = *plan.experiment;
   const hsize_t n_points = plan.points.size(), replicas = plan.replicas;
-
-  Hid fcpl = checked(H5Pcreate(H5P_FILE_CREATE), H5Pclose, "H5Pcreate");
-  check(H5Pset_link_creation_order(fcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED), "link order");
-  check(H5Pset_attr_creation_order(fcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED), "attribute order");
-  Hid file(H5Fcreate(plan.output.c_str(), H5F_ACC_TRUNC, fcpl.get(), H5P_DEFAULT), H5Fclose);
-  if (file.get() < 0) throw std::runtime_error("cannot create '" + plan.output + "'");
-  const hid_t f = file.get();
 
   // status first: a file that exists at all says "partial" until mark_complete.
   write_attribute(f, "status", std::string("partial"));
@@ -279,14 +321,53 @@ OutputFile OutputFile::create(const SweepPlan& plan, const std::string& config_s
 
   Hid done = create_dataset(f, "done", H5T_STD_U8LE, {n_points}, &zero, H5T_NATIVE_UINT8);
   write_attribute(done.get(), "meaning", std::string("1 where every replica of the point is written"));
+}
 
-  OutputFile output(plan, std::move(file));
-  output.flush();
-  return output;
+// The whole file as `create` leaves it, written to `path` and closed.
+void write_skeleton(const std::string& path, const SweepPlan& plan, const std::string& config_sha256) {
+  Hid fcpl = checked(H5Pcreate(H5P_FILE_CREATE), H5Pclose, "H5Pcreate");
+  check(H5Pset_link_creation_order(fcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED), "link order");
+  check(H5Pset_attr_creation_order(fcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED), "attribute order");
+  Hid file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl.get(), H5P_DEFAULT), H5Fclose);
+  if (file.get() < 0) throw std::runtime_error("cannot create '" + path + "'");
+  write_layout(file.get(), plan, config_sha256);  // its objects are closed on return
+  check(H5Fclose(file.release()), "H5Fclose");     // complete on disk before it is renamed
+}
+
+}  // namespace
+
+OutputFile OutputFile::create(const SweepPlan& plan, const std::string& config_sha256) {
+  silence_hdf5_errors();
+  namespace fs = std::filesystem;
+  const fs::path target(plan.output);
+  const fs::path folder = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  std::string hidden_name(".");  // appended, not "." + ...: gcc 12 warns falsely (-Wrestrict) on that
+  hidden_name += target.filename().string();
+  hidden_name += ".sweep-tmp-" + std::to_string(getpid());
+  const std::string temporary = (folder / hidden_name).string();
+  std::error_code ignored;
+  // Created here first, to report a folder we may not write to by its reason.
+  const int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd < 0)
+    throw InputError("sweep: cannot create a file in '" + folder.string() + "' for " + plan.output + ": " + std::strerror(errno));
+  close(fd);
+  try {
+    write_skeleton(temporary, plan, config_sha256);
+    // Held across the rename: no other process starts writing the file being replaced.
+    const LockProbe old(plan.output, LOCK_SH);
+    if (old.refused()) throw InputError(in_use_message(plan.output));
+    if (std::rename(temporary.c_str(), plan.output.c_str()) != 0)
+      throw std::runtime_error("cannot rename '" + temporary + "' to '" + plan.output + "': " + std::strerror(errno));
+  } catch (...) {
+    fs::remove(temporary, ignored);
+    throw;
+  }
+  return open_for_resume(plan);
 }
 
 OutputFile OutputFile::open_for_resume(const SweepPlan& plan) {
   silence_hdf5_errors();
+  if (LockProbe(plan.output, LOCK_EX).refused()) throw InputError(in_use_message(plan.output));
   Hid file(H5Fopen(plan.output.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
   if (file.get() < 0) throw std::runtime_error("cannot open '" + plan.output + "' for writing");
   const auto n_points = read_number_attribute<std::int64_t>(file.get(), "n_points", H5T_NATIVE_INT64);

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config.hpp"
@@ -32,25 +33,43 @@ class Hid {
   Hid& operator=(const Hid&) = delete;
   ~Hid();
   hid_t get() const { return id_; }
+  // Gives up ownership (to close it explicitly and check the result).
+  hid_t release() { return std::exchange(id_, -1); }
 
  private:
   hid_t id_ = -1;
   herr_t (*close_)(hid_t) = nullptr;
 };
 
-// What is already at an output path.
+// This build's roundoff_version and git_commit attributes.
+std::string build_roundoff_version();
+std::string build_git_commit();
+
+// What is already at an output path. `in_use`: another process holds it open for writing
+// (HDF5's file lock; e.g. a sweep still running): it must be left alone, even with --force.
 struct ExistingOutput {
-  enum class Kind { missing, not_hdf5, not_roundoff, roundoff } kind = Kind::missing;
-  std::string config_sha256;  // for roundoff files
-  std::string status;         // "partial" or "complete"
+  enum class Kind { missing, in_use, not_hdf5, not_roundoff, roundoff } kind = Kind::missing;
+  std::string config_sha256;     // for roundoff files
+  std::string status;            // "partial" or "complete"
+  std::string roundoff_version;  // of the build that created it
+  std::string git_commit;
 };
 ExistingOutput inspect_output(const std::string& path);
 
+// The one-line message for an output that another process holds (exit status 2).
+std::string in_use_message(const std::string& path);
+
 class OutputFile {
  public:
-  // Creates (truncating) the file with every dataset, status "partial", and flushes it.
+  // Writes the complete skeleton (every dataset, status "partial") under a temporary name
+  // in the output's directory, closes it, renames it onto the output path (replacing any
+  // file there, unless another process holds that one open for writing: InputError) and
+  // opens it for writing. A crash or signal at any moment of this leaves at the output
+  // path the old file (or none) or a complete partial file, never a truncated or
+  // half-written one.
   static OutputFile create(const SweepPlan& plan, const std::string& config_sha256);
-  // Opens a partial file of the same plan to continue it.
+  // Opens a partial file of the same plan to continue it (InputError when another process
+  // holds it open).
   static OutputFile open_for_resume(const SweepPlan& plan);
 
   std::vector<std::uint8_t> read_done() const;

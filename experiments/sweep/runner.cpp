@@ -4,6 +4,7 @@
 #include <tbb/global_control.h>
 #include <tbb/parallel_for.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -16,7 +17,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-void check_result(const Experiment& experiment, const RunResult& result) {
+void check_result(const Experiment& experiment, const Params& params, const RunResult& result) {
   for (const MetricSpec& spec : experiment.metrics)
     if (!result.metrics.count(spec.name))
       throw ExperimentFailure("experiment '" + experiment.name + "' returned no metric '" + spec.name + "'");
@@ -32,6 +33,15 @@ void check_result(const Experiment& experiment, const RunResult& result) {
     if (!known) throw ExperimentFailure("experiment '" + experiment.name + "' returned trace '" + name + "' that its specs do not name");
     if (trace.x.size() != trace.y.size())
       throw ExperimentFailure("experiment '" + experiment.name + "' returned trace '" + name + "' with x and y of different lengths");
+  }
+  // The trace limits were checked against trace_length before the sweep started.
+  if (experiment.trace_length) {
+    std::size_t samples = 0;
+    for (const auto& [name, trace] : result.traces) samples += trace.y.size();
+    const std::int64_t declared = experiment.trace_length(params);
+    if (samples > static_cast<std::uint64_t>(std::max<std::int64_t>(declared, 0)))
+      throw ExperimentFailure("experiment '" + experiment.name + "' recorded " + std::to_string(samples) +
+                              " trace samples, more than its trace_length " + std::to_string(declared));
   }
 }
 
@@ -128,7 +138,7 @@ RunReport run_plan(const SweepPlan& plan, OutputFile& output, const std::vector<
           const RunEnv env{emu::StreamId{plan.seed, point, replica, 0}, &stop};
           try {
             RunResult result = experiment.run(plan.points[point], env);
-            check_result(experiment, result);
+            check_result(experiment, plan.points[point], result);
             results[task] = std::move(result);
           } catch (const Cancelled&) {
             return;

@@ -6,6 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -53,8 +55,58 @@ struct ProcessResult {
   std::string out, err;
 };
 
+inline pid_t start_program(const std::string& program, const std::vector<std::string>& args, const std::string& cwd);
+inline ProcessResult finish_program(pid_t child, const std::string& cwd);
+
 // Runs `program args...` in `cwd` with stdout and stderr captured through files.
 inline ProcessResult run_program(const std::string& program, const std::vector<std::string>& args, const std::string& cwd) {
+  return finish_program(start_program(program, args, cwd), cwd);
+}
+
+// Runs `body` with this process's stderr going to a file; returns what was written.
+template <typename Body>
+std::string capture_stderr(const std::string& scratch_file, Body&& body) {
+  std::fflush(stderr);
+  const int saved = dup(STDERR_FILENO);
+  FILE* sink = std::fopen(scratch_file.c_str(), "w");
+  if (saved < 0 || !sink) throw std::runtime_error("cannot redirect stderr");
+  dup2(fileno(sink), STDERR_FILENO);
+  try {
+    body();
+  } catch (...) {
+    std::fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    std::fclose(sink);
+    throw;
+  }
+  std::fflush(stderr);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  std::fclose(sink);
+  return read_file(scratch_file);
+}
+
+// Whether process `pid` runs `program` (it has exec'ed: a forked child that has not yet
+// still shows its parent's handlers) and has handlers installed for SIGINT and SIGTERM
+// (Linux: the SigCgt mask in /proc/PID/status), i.e. it has reached the point where it
+// catches them.
+inline bool catches_stop_signals(pid_t pid, const std::string& program) {
+  std::error_code ec;
+  const std::string proc = "/proc/" + std::to_string(pid);
+  if (std::filesystem::read_symlink(proc + "/exe", ec) != std::filesystem::canonical(program, ec)) return false;
+  std::ifstream status(proc + "/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("SigCgt:", 0) == 0) {
+      const unsigned long long mask = std::stoull(line.substr(7), nullptr, 16);
+      return (mask >> (SIGINT - 1) & 1) && (mask >> (SIGTERM - 1) & 1);
+    }
+  return false;
+}
+
+// Starts `program args...` in `cwd` with stdout and stderr to files there (.stdout, .stderr).
+inline pid_t start_program(const std::string& program, const std::vector<std::string>& args, const std::string& cwd) {
   const std::string out_path = cwd + "/.stdout", err_path = cwd + "/.stderr";
   const pid_t child = fork();
   if (child == 0) {
@@ -66,12 +118,17 @@ inline ProcessResult run_program(const std::string& program, const std::vector<s
     execv(program.c_str(), argv.data());
     _exit(127);
   }
+  return child;
+}
+
+// Waits for a child from start_program: its exit status or 128 + signal, and its output.
+inline ProcessResult finish_program(pid_t child, const std::string& cwd) {
   int raw = 0;
   waitpid(child, &raw, 0);
   ProcessResult result;
   result.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-  result.out = read_file(out_path);
-  result.err = read_file(err_path);
+  result.out = read_file(cwd + "/.stdout");
+  result.err = read_file(cwd + "/.stderr");
   return result;
 }
 
@@ -208,6 +265,17 @@ inline std::string string_attribute(const std::string& file, const std::string& 
   if (a.id < 0) return "";
   const auto values = detail::read_elements(a.id, true);
   return values.empty() ? "" : values.front();
+}
+
+// Overwrites a variable-length UTF-8 string attribute of the root group (to fake a file
+// written by another build).
+inline void set_root_string_attribute(const std::string& file, const std::string& name, const std::string& value) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  detail::Handle f{H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose};
+  detail::Handle a{H5Aopen(f.id, name.c_str(), H5P_DEFAULT), H5Aclose};
+  detail::Handle type{H5Aget_type(a.id), H5Tclose};
+  const char* text = value.c_str();
+  if (a.id < 0 || H5Awrite(a.id, type.id, &text) < 0) throw std::runtime_error("cannot write attribute " + name);
 }
 
 inline std::vector<std::string> string_dataset(const std::string& file, const std::string& path) {

@@ -1,14 +1,22 @@
 // The real build/sweep binary (path in $SWEEP) with the `swamping` experiment: malformed
-// configs (exit 2, one line FILE:LINE:COLUMN: key: message), determinism across -j,
-// SIGINT and --resume, and the rules for existing outputs.
+// configs and arguments (exit 2, one line FILE:LINE:COLUMN: key: message), determinism
+// across -j, SIGINT and --resume, signals during startup, the rules for existing outputs
+// (locked by another process, written by another build), the summary table, and the
+// shipped configs/swamping.yaml (from $ROUNDOFF_ROOT) against the IPU tutorial.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
 #include <poll.h>
 #include <pty.h>
 #include <signal.h>
+#include <sys/file.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <numeric>
 #include <regex>
+#include <thread>
 
 #include "support.hpp"
 
@@ -17,6 +25,12 @@ namespace {
 using sweep_test::run_program;
 using sweep_test::TempDir;
 using sweep_test::write_file;
+
+std::string testing_args(const std::vector<std::string>& args) {
+  std::string text;
+  for (const std::string& a : args) text += (text.empty() ? "" : " ") + a;
+  return text;
+}
 
 std::string sweep_binary() {
   const char* path = std::getenv("SWEEP");
@@ -66,6 +80,36 @@ const BadConfig kBadConfigs[] = {
     {"sr_bits over its maximum", kHead + "grid:\n  sr_bits: 65\n", 4, "must be <= 64"},
     {"grid not a mapping", kHead + "grid: [fp16]\n", 3, "expected a mapping"},
     {"null value", kHead + "grid:\n  addend:\n", 4, "expected a float, got null"},
+    // Syntax yaml-cpp itself lets through: quotes never closed, more than one document.
+    {"double quote never closed", kHead + "description: \"unterminated\n", 3, "yaml: syntax error: quoted string not closed"},
+    {"single quote never closed", kHead + "description: 'it''s\n", 3, "yaml: syntax error: quoted string not closed"},
+    {"quote never closed after an escaped one", kHead + "description: \"a \\\" b\n", 3, "quoted string not closed"},
+    {"a second document", kHead + "---\nseed: 1\n", 4, "yaml: syntax error: a second YAML document"},
+    {"text after the document end", kHead + "...\ngarbage\n", 4, "a second YAML document"},
+    {"an empty second document", kHead + "seed: 1\n---\n", 4, "a second YAML document"},
+    {"not UTF-8", kHead + "description: caf\xe9\n", 3, "yaml: not valid UTF-8"},
+    {"overlong UTF-8", kHead + "description: \xc0\xaf\n", 3, "not valid UTF-8"},
+    {"a NUL byte", kHead + std::string("description: a\0b\n", 17), 3, "U+0000 is not allowed"},
+    {"aliases expanding", "a: &a [x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n"
+                          "c: &c [*b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c]\n",
+     1, "aliases expand"},
+    // Tags: only the core schema, on every node.
+    {"python tag on a list", kHead + "grid:\n  format: !!python/object/apply:os.system [fp16]\n", 4, "unsupported YAML tag '!!python/object/apply:os.system'"},
+    {"python tag on a mapping", kHead + "grid: !!python/object:foo {steps: 3}\n", 3, "unsupported YAML tag"},
+    {"!!set", kHead + "grid: !!set {steps, format}\n", 3, "unsupported YAML tag '!!set'"},
+    {"local tag on the description", kHead + "description: !foo bar\n", 3, "unsupported YAML tag '!foo'"},
+    {"core tag that does not fit", kHead + "description: !!int bar\n", 3, "'bar' is not an integer"},
+    {"tag on a key", kHead + "!!binary seed: 1\n", 3, "unsupported YAML tag '!!binary'"},
+    // The config's own output is checked even when unused (see also the -o test below).
+    {"output not a string", "experiment: swamping\noutput: 42\n", 2, "expected a string"},
+    {"output a list", "experiment: swamping\noutput: [a.h5]\n", 2, "expected a single value, got a list"},
+    // Trace limits (configs/README.md), before anything runs.
+    {"one run's trace over the limit", kHead + "grid:\n  steps: 100000000\n  trace_every: 1\n", 3,
+     "a run records 100000001 trace samples, over the limit of 10000000 per run"},
+    {"a sweep's traces over the limit", kHead + "replicas: 200\ngrid:\n  steps: 10000000\n  trace_every: 5\n", 4,
+     "over the limit of 268435456"},
+    {"summation's trace over the limit", "experiment: summation\noutput: out.h5\ngrid:\n  n: 100000000\n  trace_every: 9\n", 3,
+     "trace samples, over the limit"},
 };
 
 }  // namespace
@@ -92,14 +136,61 @@ TEST_CASE("bad arguments exit 2 with one line", "[sweep][cli]") {
   const std::string sweep = sweep_binary();
   TempDir dir;
   write_file(dir / "ok.yaml", kHead);
-  for (const std::vector<std::string>& args :
-       {std::vector<std::string>{"ok.yaml", "-j", "0"}, {"ok.yaml", "--frce"}, {"missing.yaml"}, {},
-        {"--describe", "swampin"}, {"ok.yaml", "-o", "no/dir/x.h5"}, {"ok.yaml", "--force", "--resume"}}) {
+  std::filesystem::create_directory(dir / "folder.yaml");
+  const std::pair<std::vector<std::string>, const char*> cases[] = {
+      {{"ok.yaml", "-j", "0"}, "-j needs a number"},
+      {{"ok.yaml", "--frce"}, "did you mean '--force'"},
+      {{"missing.yaml"}, "missing.yaml: config: cannot read: No such file or directory"},
+      {{"folder.yaml"}, "folder.yaml: config: cannot read: Is a directory"},
+      {{}, "no config given"},
+      {{"--describe", "swampin"}, "did you mean 'swamping'"},
+      {{"ok.yaml", "-o", "no/dir/x.h5"}, "does not exist"},
+      {{"ok.yaml", "--force", "--resume"}, "exclude each other"},
+      // An option where a value belongs: never taken as the value.
+      {{"ok.yaml", "-o", "--quiet"}, "option -o needs a value, got the option '--quiet'"},
+      {{"ok.yaml", "--output", "-j"}, "option --output needs a value"},
+      {{"ok.yaml", "-o"}, "option -o needs a value"},
+      {{"ok.yaml", "-o", "-"}, "'-' (standard output) is not supported"},
+      {{"ok.yaml", "--output=-x.h5"}, "for a file of that name, write ./-x.h5"},
+      {{"--describe", "--list"}, "option --describe needs a value"},
+      // --list and --describe take nothing else.
+      {{"--list", "extra"}, "--list takes nothing else (got 'extra')"},
+      {{"ok.yaml", "--list"}, "--list takes nothing else (got 'ok.yaml')"},
+      {{"--describe", "swamping", "ok.yaml"}, "--describe takes nothing else"},
+      {{"--list", "--describe", "swamping"}, "--list takes nothing else (got --describe)"},
+      {{"--list", "-j", "2"}, "--list takes nothing else (got -j)"},
+      {{"--describe", "swamping", "--quiet"}, "--describe takes nothing else (got --quiet)"},
+  };
+  for (const auto& [args, expected] : cases) {
     const auto result = run_program(sweep, args, dir.path().string());
-    INFO("stderr: " << result.err);
+    INFO("args: " << testing_args(args) << "\nstderr: " << result.err);
     CHECK(result.status == 2);
     CHECK(std::count(result.err.begin(), result.err.end(), '\n') == 1);
+    CHECK(result.err.find(expected) != std::string::npos);
+    CHECK(result.out.empty());
   }
+  // Nothing ran: no output, no file named after an option.
+  for (const char* name : {"out.h5", "--quiet", "-j", "-", "-x.h5", "x.h5"}) CHECK_FALSE(std::filesystem::exists(dir / name));
+  // The documented way to a name starting with '-'.
+  const auto dashed = run_program(sweep, {"ok.yaml", "-o", "./--quiet", "--quiet"}, dir.path().string());
+  CHECK(dashed.status == 0);
+  CHECK(std::filesystem::exists(dir / "--quiet"));
+}
+
+TEST_CASE("the config's own output key is checked even when -o replaces it", "[sweep][cli]") {
+  const std::string sweep = sweep_binary();
+  TempDir dir;
+  for (const char* value : {"42", "[a.h5, b.h5]", "", "\"\"", "{a: 1}"}) {
+    write_file(dir / "c.yaml", std::string("experiment: swamping\noutput: ") + value + "\n");
+    const auto result = run_program(sweep, {"c.yaml", "-o", "x.h5", "--quiet"}, dir.path().string());
+    INFO("output: " << value << "\nstderr: " << result.err);
+    CHECK(result.status == 2);
+    CHECK(std::regex_search(result.err, std::regex("^c\\.yaml:2:[0-9]+: output: ")));
+    CHECK_FALSE(std::filesystem::exists(dir / "x.h5"));
+  }
+  // A config whose output folder does not exist here still runs with -o.
+  write_file(dir / "c.yaml", "experiment: swamping\noutput: no/such/folder/out.h5\ngrid:\n  steps: 10\n");
+  CHECK(run_program(sweep, {"c.yaml", "-o", "x.h5", "--quiet"}, dir.path().string()).status == 0);
 }
 
 TEST_CASE("--list, --describe, --dry-run", "[sweep][cli]") {
@@ -225,4 +316,262 @@ TEST_CASE("existing outputs: other files untouched, own complete output reported
   CHECK(sweep_test::read_file(dir / "a.h5") == complete);
   CHECK(run_program(sweep, {"b.yaml", "--force", "--quiet"}, dir.path().string()).status == 0);
   CHECK(sweep_test::read_dataset<std::int64_t>(dir / "a.h5", "points/steps") == std::vector<std::int64_t>{200});
+}
+
+namespace {
+
+// No temporary skeleton (".NAME.sweep-tmp-PID") left in the folder.
+bool temporary_files_left(const TempDir& dir) {
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
+    if (entry.path().filename().string().find(".sweep-tmp-") != std::string::npos) return true;
+  return false;
+}
+
+// Waits until sweep has its SIGINT/SIGTERM handlers (it installs them first thing).
+bool wait_for_handlers(pid_t child) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (sweep_test::catches_stop_signals(child, sweep_binary())) return true;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("a signal while the config is parsed exits 130 and writes nothing", "[sweep][cli]") {
+  const std::string sweep = sweep_binary();
+  TempDir dir;
+  // 300,000 grid values: parsing takes far longer than the signal needs to arrive.
+  std::string values;
+  for (int n = 1; n <= 300000; ++n) values += (n > 1 ? ", " : "") + std::to_string(n);
+  write_file(dir / "big.yaml", "experiment: summation\noutput: big.h5\ngrid:\n  n: [" + values + "]\n");
+  for (const int signal : {SIGINT, SIGTERM}) {
+    const pid_t child = sweep_test::start_program(sweep, {"big.yaml", "--quiet"}, dir.path().string());
+    REQUIRE(wait_for_handlers(child));
+    kill(child, signal);
+    const auto result = sweep_test::finish_program(child, dir.path().string());
+    INFO("stderr: " << result.err);
+    CHECK(result.status == 130);
+    CHECK(result.err == "sweep: interrupted before any point was computed; nothing written\n");
+    CHECK_FALSE(std::filesystem::exists(dir / "big.h5"));
+    CHECK_FALSE(temporary_files_left(dir));
+  }
+}
+
+TEST_CASE("a signal at any moment of startup leaves no file or a valid partial one that --resume completes", "[sweep][cli]") {
+  const std::string sweep = sweep_binary();
+  TempDir dir;
+  // 20,000 points of one step: parsing, creating the skeleton and running each take a
+  // while, so the signals below land in each phase on some run.
+  std::string initial;
+  for (int k = 0; k < 400; ++k) initial += (k ? ", " : "") + std::to_string(k);
+  write_file(dir / "s.yaml", "experiment: swamping\noutput: s.h5\ngrid:\n  sr_bits: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, "
+                             "13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, "
+                             "37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49]\n  initial: [" + initial + "]\n  steps: 1\n");
+  int outcomes[3] = {0, 0, 0};  // no file, partial file, complete
+  for (const int delay_us : {0, 500, 1000, 2000, 4000, 8000, 16000, 32000, 64000, 128000, 256000, 512000}) {
+    std::filesystem::remove(dir / "s.h5");
+    const pid_t child = sweep_test::start_program(sweep, {"s.yaml", "--quiet", "-j", "2"}, dir.path().string());
+    REQUIRE(wait_for_handlers(child));
+    std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+    kill(child, delay_us % 2000 == 0 ? SIGTERM : SIGINT);
+    const auto result = sweep_test::finish_program(child, dir.path().string());
+    INFO("signal " << delay_us << " us after the handlers; stderr: " << result.err);
+    REQUIRE((result.status == 130 || result.status == 0));
+    CHECK_FALSE(temporary_files_left(dir));
+    if (result.status == 0) {
+      ++outcomes[2];
+      CHECK(sweep_test::string_attribute(dir / "s.h5", "/", "status") == "complete");
+    } else if (!std::filesystem::exists(dir / "s.h5")) {
+      ++outcomes[0];
+      CHECK(result.err.find("nothing written") != std::string::npos);
+    } else {
+      ++outcomes[1];
+      CHECK(sweep_test::string_attribute(dir / "s.h5", "/", "status") == "partial");
+      CHECK(result.err.find("--resume") != std::string::npos);
+      const auto resumed = run_program(sweep, {"s.yaml", "--resume", "--quiet"}, dir.path().string());
+      INFO("resume stderr: " << resumed.err);
+      CHECK(resumed.status == 0);
+      CHECK(sweep_test::string_attribute(dir / "s.h5", "/", "status") == "complete");
+      const auto done = sweep_test::read_dataset<std::uint8_t>(dir / "s.h5", "done");
+      CHECK(std::count(done.begin(), done.end(), 1) == 20000);
+    }
+  }
+  // Which phases the signals hit depends on the machine; say so rather than assert it.
+  WARN("signals that found: nothing written " << outcomes[0] << ", a partial file " << outcomes[1] << ", a finished sweep "
+                                              << outcomes[2]);
+}
+
+TEST_CASE("an output another process holds open is refused, with --force too, and left intact", "[sweep][cli]") {
+  const std::string sweep = sweep_binary();
+  TempDir dir;
+  write_file(dir / "a.yaml", "experiment: swamping\noutput: a.h5\ngrid:\n  steps: 100\n");
+  REQUIRE(run_program(sweep, {"a.yaml", "--quiet"}, dir.path().string()).status == 0);
+  const std::string before = sweep_test::read_file(dir / "a.h5");
+  {
+    // This process opens it for writing, as a running sweep has its output: HDF5's lock.
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    const hid_t held = H5Fopen((dir / "a.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    REQUIRE(held >= 0);
+    for (const std::vector<std::string>& args : {std::vector<std::string>{"a.yaml", "--force"}, {"a.yaml"},
+                                                 {"a.yaml", "--resume"}, {"a.yaml", "--force", "-o", "a.h5"}}) {
+      const auto result = run_program(sweep, args, dir.path().string());
+      INFO("args: " << testing_args(args) << "\nstderr: " << result.err);
+      CHECK(result.status == 2);
+      CHECK(result.err.find("a.h5 is in use by another process") != std::string::npos);
+      CHECK(std::count(result.err.begin(), result.err.end(), '\n') == 1);
+    }
+    H5Fclose(held);
+  }
+  CHECK(sweep_test::read_file(dir / "a.h5") == before);
+  CHECK_FALSE(temporary_files_left(dir));
+  CHECK(run_program(sweep, {"a.yaml", "--force", "--quiet"}, dir.path().string()).status == 0);
+}
+
+TEST_CASE("--force onto the output of a sweep still running is refused; that sweep is unharmed", "[sweep][cli]") {
+  const std::string sweep = sweep_binary();
+  TempDir dir;
+  // 10^8 steps per run: seconds even on a fast machine; it is interrupted anyway.
+  write_file(dir / "long.yaml", "experiment: swamping\nseed: 3\nreplicas: 2\noutput: long.h5\ngrid:\n  rounding: sr\n"
+                                "  sr_bits: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]\n"
+                                "  steps: 100000000\n");
+  const pid_t running = sweep_test::start_program(sweep, {"long.yaml", "-j", "1", "--quiet"}, dir.path().string());
+  // Wait until its output exists and is locked for writing.
+  bool locked = false;
+  for (auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30); !locked && std::chrono::steady_clock::now() < deadline;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const int fd = open((dir / "long.h5").c_str(), O_RDONLY);
+    if (fd < 0) continue;
+    locked = flock(fd, LOCK_SH | LOCK_NB) != 0;
+    close(fd);
+  }
+  INFO("running sweep: " << sweep_test::read_file(dir / ".stderr"));
+  REQUIRE(locked);
+  TempDir other;  // the second sweep's own stdout and stderr files
+  write_file(other / "long.yaml", sweep_test::read_file(dir / "long.yaml"));
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"long.yaml", "--force", "-o", dir / "long.h5"},
+                                               {"long.yaml", "-o", dir / "long.h5"}}) {
+    const auto second = run_program(sweep, args, other.path().string());
+    INFO("second sweep: " << second.err);
+    CHECK(second.status == 2);
+    CHECK(second.err.find("in use by another process") != std::string::npos);
+  }
+  kill(running, SIGINT);
+  const auto first = sweep_test::finish_program(running, dir.path().string());
+  INFO("first sweep: " << first.err);
+  REQUIRE(first.status == 130);
+  // Its file is intact: readable, its own config's partial run, as --resume would take it.
+  CHECK(sweep_test::string_attribute(dir / "long.h5", "/", "status") == "partial");
+  CHECK(sweep_test::read_dataset<std::uint8_t>(dir / "long.h5", "done").size() == 20);
+  const auto again = run_program(sweep, {"long.yaml", "--quiet"}, dir.path().string());
+  INFO("again: " << again.err);
+  CHECK(again.status == 2);
+  CHECK(again.err.find("holds a partial run of this config; continue it with --resume") != std::string::npos);
+}
+
+TEST_CASE("--resume refuses a partial file of another build", "[sweep][cli]") {
+  const std::string sweep = sweep_binary();
+  TempDir dir;
+  write_file(dir / "a.yaml", "experiment: swamping\noutput: a.h5\ngrid:\n  steps: [10, 20]\n");
+  REQUIRE(run_program(sweep, {"a.yaml", "--quiet"}, dir.path().string()).status == 0);
+  const std::string out = dir / "a.h5";
+  const std::string version = sweep_test::string_attribute(out, "/", "roundoff_version");
+  const std::string commit = sweep_test::string_attribute(out, "/", "git_commit");
+  REQUIRE_FALSE(version.empty());
+  REQUIRE_FALSE(commit.empty());
+  sweep_test::set_root_string_attribute(out, "status", "partial");
+  for (const auto& [name, value] : {std::pair<std::string, std::string>{"git_commit", "0123456789abcdef"},
+                                    {"roundoff_version", "0.0.1"}}) {
+    sweep_test::set_root_string_attribute(out, name, value);
+    const std::string before = sweep_test::read_file(out);
+    const auto result = run_program(sweep, {"a.yaml", "--resume"}, dir.path().string());
+    INFO(name << " changed; stderr: " << result.err);
+    CHECK(result.status == 2);
+    CHECK(result.err.find("partial run by another build") != std::string::npos);
+    CHECK(result.err.find(value) != std::string::npos);
+    CHECK(result.err.find("--force") != std::string::npos);
+    CHECK(std::count(result.err.begin(), result.err.end(), '\n') == 1);
+    CHECK(sweep_test::read_file(out) == before);
+  }
+  // Its own build's partial file: resumed (nothing left to run, so just completed).
+  sweep_test::set_root_string_attribute(out, "git_commit", commit);
+  sweep_test::set_root_string_attribute(out, "roundoff_version", version);
+  CHECK(run_program(sweep, {"a.yaml", "--resume", "--quiet"}, dir.path().string()).status == 0);
+  CHECK(sweep_test::string_attribute(out, "/", "status") == "complete");
+}
+
+TEST_CASE("the summary shows every point up to 1000 rows, then says how many more are in the file", "[sweep][cli]") {
+  const std::string sweep = sweep_binary();
+  TempDir dir;
+  std::string initial;
+  for (int k = 0; k < 110; ++k) initial += (k ? ", " : "") + std::to_string(k);
+  const std::string head = "experiment: swamping\noutput: t.h5\ngrid:\n  steps: 1\n  initial: [" + initial + "]\n";
+  write_file(dir / "t.yaml", head + "  sr_bits: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]\n");  // 1100 points
+  const auto result = run_program(sweep, {"t.yaml", "--quiet"}, dir.path().string());
+  REQUIRE(result.status == 0);
+  std::vector<std::string> lines;
+  std::istringstream out(result.out);
+  for (std::string line; std::getline(out, line);) lines.push_back(line);
+  REQUIRE(lines.size() == 1 + 1 + 1000 + 1 + 1);  // title, header, rows, "...", output
+  CHECK(lines[2].find("    0  ") == 0);
+  CHECK(lines[1001].find("  999  ") == 0);
+  CHECK(lines[1002] == "... 100 more points; all are in the file (scripts/roundoff_h5.py reads them)");
+  CHECK(lines[1003] == "output: t.h5");
+
+  write_file(dir / "u.yaml", head + "  sr_bits: [0, 1, 2, 3, 4, 5, 6, 7, 8]\n");  // 990 points: all shown
+  const auto all = run_program(sweep, {"u.yaml", "-o", "u.h5", "--quiet"}, dir.path().string());
+  REQUIRE(all.status == 0);
+  CHECK(std::count(all.out.begin(), all.out.end(), '\n') == 1 + 1 + 990 + 1);
+}
+
+TEST_CASE("golden: the shipped configs/swamping.yaml reproduces the IPU tutorial", "[sweep][cli][golden]") {
+  const std::string sweep = sweep_binary();
+  const char* root = std::getenv("ROUNDOFF_ROOT");
+  REQUIRE(root);
+  TempDir dir;
+  const std::string config = std::string(root) + "/configs/swamping.yaml";
+  const auto result = run_program(sweep, {config, "-o", dir / "swamping.h5", "-j", "2", "--quiet"}, dir.path().string());
+  INFO("stderr: " << result.err);
+  REQUIRE(result.status == 0);
+  const std::string out = dir / "swamping.h5";
+  CHECK(sweep_test::string_attribute(out, "/", "config") == sweep_test::read_file(config));
+  const auto formats = sweep_test::string_dataset(out, "points/format");
+  const auto roundings = sweep_test::string_dataset(out, "points/rounding");
+  const auto finals = sweep_test::read_dataset<double>(out, "metrics/final");
+  const std::size_t replicas = finals.size() / formats.size();
+  REQUIRE(replicas == 20);
+
+  // Oracles: the CPU's binary16 and binary32, both round-to-nearest-even.
+  const double fp16_addend = static_cast<double>(static_cast<_Float16>(1e-4));
+  const double fp16_exact_sum = 10000 * fp16_addend;  // exact in double: a 11-bit times a 14-bit integer
+  float fp32_loop = 0;
+  for (int k = 0; k < 10000; ++k) fp32_loop += 1e-4f;
+
+  int seen[4] = {0, 0, 0, 0};
+  for (std::size_t p = 0; p < formats.size(); ++p) {
+    const std::vector<double> runs(finals.begin() + static_cast<std::ptrdiff_t>(p * replicas),
+                                   finals.begin() + static_cast<std::ptrdiff_t>((p + 1) * replicas));
+    const double mean = std::accumulate(runs.begin(), runs.end(), 0.0) / static_cast<double>(replicas);
+    INFO(formats[p] << " " << roundings[p] << " mean " << mean);
+    if (formats[p] == "fp16" && roundings[p] == "rne") {
+      ++seen[0];
+      for (double f : runs) CHECK(f == 0.25);
+    } else if (formats[p] == "fp16" && roundings[p] == "sr") {
+      ++seen[1];
+      CHECK(std::fabs(mean - fp16_exact_sum) < 0.01);
+      CHECK(*std::min_element(runs.begin(), runs.end()) > 0.9);  // the tutorial's spread is about 0.97..1.03
+      CHECK(*std::max_element(runs.begin(), runs.end()) < 1.1);
+    } else if (formats[p] == "fp32" && roundings[p] == "rne") {
+      ++seen[2];
+      for (double f : runs) CHECK(f == static_cast<double>(fp32_loop));
+    } else if (formats[p] == "fp32" && roundings[p] == "sr") {
+      ++seen[3];
+      CHECK(std::fabs(mean - 1.0) < 1e-3);
+    }
+  }
+  CHECK(seen[0] == 1);  // the shipped grid still has each of the four points
+  CHECK(seen[1] == 1);
+  CHECK(seen[2] == 1);
+  CHECK(seen[3] == 1);
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """scripts/roundoff_h5.py against a fresh swamping sweep: read() gives the stored arrays
 (checked against h5py directly), table() one row per (point, replica), and the script
-prints the table. Needs $SWEEP (the sweep program) and $ROUNDOFF_SCRIPTS."""
+prints the table. scripts/plot.py on sweeps whose results overflow (honest inf finals):
+it marks and reports them instead of dropping them. Needs $SWEEP (the sweep program) and
+$ROUNDOFF_SCRIPTS."""
 import os
 import subprocess
 import sys
@@ -62,7 +64,65 @@ def main():
         printed = subprocess.run([sys.executable, os.path.join(os.environ["ROUNDOFF_SCRIPTS"], "roundoff_h5.py"), path],
                                  check=True, capture_output=True, text=True).stdout
         assert "stagnation_step" in printed and len(printed.splitlines()) == 1 + 1 + 12, printed
+    check_plot_reports_nonfinite()
     print("ok")
+
+
+# fp16 overflows past 65504: 200,000 uniform [0,1) terms sum to about 10^5, 1,000 do not;
+# 100 steps of 1000 reach 10^5 too.
+OVERFLOWING = {
+    "summation": """experiment: summation
+seed: 4
+replicas: 2
+output: sum.h5
+grid:
+  series: uniform01
+  format: fp16
+  rounding: [rne, sr]
+  n: [1000, 200000]
+""",
+    "swamping": """experiment: swamping
+replicas: 3
+output: swamp.h5
+grid:
+  format: fp16
+  addend: [1.0e-4, 1000]
+  steps: 100
+  trace_every: 10
+""",
+}
+
+
+def check_plot_reports_nonfinite():
+    scripts = os.environ["ROUNDOFF_SCRIPTS"]
+    with tempfile.TemporaryDirectory() as folder:
+        for experiment, config in OVERFLOWING.items():
+            with open(os.path.join(folder, experiment + ".yaml"), "w") as f:
+                f.write(config)
+            subprocess.run([os.environ["SWEEP"], experiment + ".yaml", "--quiet"], cwd=folder, check=True,
+                           stdout=subprocess.DEVNULL)
+            path = os.path.join(folder, "sum.h5" if experiment == "summation" else "swamp.h5")
+            result = roundoff_h5.read(path)
+            metric = "rel_error" if experiment == "summation" else "final"
+            overflowed = [p for p in range(len(result.done)) if not np.isfinite(result.metrics[metric][p]).all()]
+            # Some did overflow (sr; rne stagnates at 2048 in the summation), and only where the
+            # exact sum is past fp16's largest value 65504.
+            big = result.metrics["exact"].max(axis=1) > 65504
+            assert overflowed and all(big[p] for p in overflowed), (experiment, overflowed, big)
+
+            run = subprocess.run([sys.executable, os.path.join(scripts, "plot.py"), path, "--out", folder],
+                                 capture_output=True, text=True)
+            assert run.returncode == 0, run.stderr
+            for png in run.stdout.split():
+                assert os.path.getsize(png) > 0, png
+            report = run.stderr
+            assert "%d of %d points have non-finite %s" % (len(overflowed), len(result.done), metric) in report, report
+            listed = [int(line.split()[1]) for line in report.splitlines() if line.startswith("  point ")]
+            assert listed == overflowed, (listed, overflowed, report)
+            if experiment == "summation":
+                assert "n=200000" in report and "n=1000 " not in report and "n=1000)" not in report, report
+            else:
+                assert "addend=1000" in report and "3 inf, 0 NaN of 3 replicas" in report, report
 
 
 if __name__ == "__main__":

@@ -20,9 +20,13 @@ namespace {
 using namespace roundoff;
 using sweep_test::TempDir;
 
-// Point index at which replica 0 raises SIGINT itself (-1: never), and at which a run throws.
+// Point index at which replica 0 raises SIGINT itself (-1: never), at which a run throws
+// (a bug), and at which it reports bad input (roundoff::BadInput).
 std::atomic<long> g_interrupt_at_point{-1};
 std::atomic<long> g_fail_at_point{-1};
+std::atomic<long> g_bad_input_at_point{-1};
+// How many samples fewer than it records test_walk declares in trace_length (a bug if > 0).
+std::atomic<long> g_trace_understated{0};
 
 // The oracle of test_walk: start + sum of (u_k - 1/2) over the stream's uniforms.
 std::vector<double> walk(double start, std::int64_t n, emu::StreamId stream) {
@@ -37,6 +41,7 @@ RunResult run_walk(const Params& p, const RunEnv& env) {
   if (p.integer("sleep_ms") > 0) std::this_thread::sleep_for(std::chrono::milliseconds(p.integer("sleep_ms")));
   if (env.stream.point == g_interrupt_at_point.load() && env.stream.replica == 0) std::raise(SIGINT);
   if (env.stream.point == g_fail_at_point.load()) throw std::runtime_error("deliberate failure");
+  if (env.stream.point == g_bad_input_at_point.load()) throw BadInput("test_walk: data file 'walk.h5' vanished");
   RunResult r;
   r.metrics = {{"final", path.back()}, {"length", static_cast<double>(path.size())}};
   if (p.boolean("trace")) {
@@ -58,11 +63,16 @@ Experiment walk_experiment() {
   ParamSpec label{"label", ParamType::string, std::string("a"), "a label (b raises INEXACT)", {"a", "b", "long name"}, {}, {}, {}};
   ParamSpec trace{"trace", ParamType::boolean, true, "record the walk", {}, {}, {}, {}};
   ParamSpec sleep{"sleep_ms", ParamType::integer, std::int64_t{0}, "sleep per run", {}, 0.0, {}, {}};
-  e.params = {n, start, label, trace, sleep};
+  ParamSpec scale = string_param("scale", "none", "a label whose spellings include numbers");
+  scale.numbers_as_text = true;
+  e.params = {n, start, label, trace, sleep, scale};
   e.metrics = {{"final", "end of the walk"}, {"length", "points of the walk"}};
   e.headline_metric = "final";
   e.traces = {{"walk", "the walk", "step"}};
   e.run = run_walk;
+  e.trace_length = [](const Params& p) -> std::int64_t {
+    return p.boolean("trace") ? p.integer("n") + 1 - g_trace_understated.load() : 0;
+  };
   return e;
 }
 const Registration registration(walk_experiment());
@@ -205,4 +215,65 @@ TEST_CASE("existing outputs: refused, resumed or reported, never clobbered", "[s
 
   CHECK(run_sweep({cfg, "--dry-run", "-o", dir / "dry.h5"}) == 0);
   CHECK_FALSE(std::filesystem::exists(dir / "dry.h5"));
+}
+
+TEST_CASE("an experiment reporting bad input mid-sweep: exit 2, one line, finished points saved, status partial", "[sweep]") {
+  TempDir dir;
+  const std::string cfg = config(dir, "bad", "grid:\n  n: [1, 2, 3, 4]\n");
+  g_bad_input_at_point = 2;
+  int status = -1;
+  const std::string err = sweep_test::capture_stderr(dir / "stderr.txt", [&] { status = run_sweep({cfg, "--quiet", "-j", "1"}); });
+  g_bad_input_at_point = -1;
+  INFO("stderr: " << err);
+  CHECK(status == 2);
+  CHECK(std::count(err.begin(), err.end(), '\n') == 1);
+  CHECK(err.find("test_walk: data file 'walk.h5' vanished") == 0);
+  CHECK(err.find("finished points were saved") != std::string::npos);
+  const std::string out = dir / "bad.h5";
+  CHECK(sweep_test::string_attribute(out, "/", "status") == "partial");
+  // -j1 runs the points in order: 0 and 1 finished before point 2 failed; 2 never did.
+  const auto done = sweep_test::read_dataset<std::uint8_t>(out, "done");
+  CHECK(done[0] == 1);
+  CHECK(done[1] == 1);
+  CHECK(done[2] == 0);
+  const auto final = sweep_test::read_dataset<double>(out, "metrics/final");
+  CHECK(final[0] == walk(0.0, 1, emu::StreamId{0, 0, 0, 0}).back());
+  CHECK(final[1] == walk(0.0, 2, emu::StreamId{0, 1, 0, 0}).back());
+  CHECK(std::isnan(final[2]));
+}
+
+TEST_CASE("string parameters flagged numbers_as_text take plain numbers as their text", "[sweep]") {
+  TempDir dir;
+  const std::string cfg = config(dir, "text", "grid:\n  scale: [128, 1.5e3, dynamic, \"64\", -2]\n");
+  REQUIRE(run_sweep({cfg, "--quiet"}) == 0);
+  CHECK(sweep_test::string_dataset(dir / "text.h5", "points/scale") ==
+        std::vector<std::string>{"128", "1.5e3", "dynamic", "64", "-2"});
+  // Not numbers: bools and null stay refused; other string parameters refuse numbers.
+  for (const char* body : {"grid:\n  scale: true\n", "grid:\n  scale:\n", "grid:\n  label: 128\n"}) {
+    INFO(body);
+    int status = -1;
+    const std::string err = sweep_test::capture_stderr(dir / "stderr.txt", [&] { status = run_sweep({config(dir, "bad", body), "--quiet"}); });
+    CHECK(status == 2);
+    CHECK(err.find("expected a string") != std::string::npos);
+  }
+}
+
+TEST_CASE("trace limits are checked before anything runs; a run recording more than its trace_length is a bug", "[sweep]") {
+  TempDir dir;
+  // 300 replicas x (10^6 + 1) samples = 3.0e8 values > 2^28: refused before any run.
+  int status = -1;
+  std::string err = sweep_test::capture_stderr(dir / "stderr.txt", [&] {
+    status = run_sweep({config(dir, "huge", "replicas: 300\ngrid:\n  n: 1000000\n"), "--quiet"});
+  });
+  CHECK(status == 2);
+  CHECK(err.find(":4:1: grid: the traces of this sweep would hold 300000300 values") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir / "huge.h5"));
+  // Without the trace, the same sweep is within the limits (checked with --dry-run).
+  CHECK(run_sweep({config(dir, "huge", "replicas: 300\ngrid:\n  n: 1000000\n  trace: false\n"), "--dry-run"}) == 0);
+
+  g_trace_understated = 1;
+  err = sweep_test::capture_stderr(dir / "stderr.txt", [&] { status = run_sweep({config(dir, "under", "grid:\n  n: 3\n"), "--quiet"}); });
+  g_trace_understated = 0;
+  CHECK(status == 1);
+  CHECK(err.find("recorded 4 trace samples, more than its trace_length 3") != std::string::npos);
 }

@@ -1,9 +1,11 @@
-// Small pieces of the sweep runner: SHA-256 against the FIPS 180-2 test vectors, and the
-// edit distance behind "did you mean".
+// Small pieces of the sweep runner: SHA-256 against the FIPS 180-2 test vectors, the edit
+// distance behind "did you mean", and the trace_length that swamping and summation declare
+// for the sweep's trace limits against the traces their runs record.
 #include <catch2/catch.hpp>
 
 #include "experiments/sweep/config.hpp"
 #include "experiments/sweep/sha256.hpp"
+#include "tests/run_experiment.hpp"
 
 using roundoff::sweep::did_you_mean;
 using roundoff::sweep::edit_distance;
@@ -26,4 +28,29 @@ TEST_CASE("edit distance and did-you-mean", "[sweep]") {
   CHECK(did_you_mean("replica", {"seed", "replicas", "grid"}) == " (did you mean 'replicas'?)");
   CHECK(did_you_mean("formt", {"format", "rounding"}) == " (did you mean 'format'?)");
   CHECK(did_you_mean("zzzzzz", {"format", "rounding"}).empty());
+}
+
+TEST_CASE("swamping's and summation's trace_length is the number of samples a run records", "[sweep]") {
+  using roundoff::testing::params_with;
+  using roundoff::testing::run_experiment;
+  const std::pair<std::int64_t, std::int64_t> cases[] = {{10, 0}, {10, 1}, {10, 3}, {10, 5}, {10, 10}, {7, 2}, {1, 1}, {1000, 999}};
+  for (const auto& [steps, every] : cases) {
+    INFO("steps " << steps << ", trace_every " << every);
+    const roundoff::Experiment& swamping = *roundoff::find_experiment("swamping");
+    const std::map<std::string, roundoff::ParamValue> p = {{"steps", steps}, {"trace_every", every}};
+    const auto result = run_experiment("swamping", p);
+    const std::size_t recorded = result.traces.count("x") ? result.traces.at("x").y.size() : 0;
+    CHECK(static_cast<std::int64_t>(recorded) == swamping.trace_length(params_with(swamping, p)));
+    // The count by hand: steps 0, every, 2 every, ... and the last step.
+    if (every > 0) CHECK(recorded == static_cast<std::size_t>(1 + (steps + every - 1) / every));
+
+    const roundoff::Experiment& summation = *roundoff::find_experiment("summation");
+    for (const char* algorithm : {"recursive", "kahan", "pairwise"}) {
+      INFO(algorithm);
+      const std::map<std::string, roundoff::ParamValue> q = {{"n", steps}, {"trace_every", every}, {"algorithm", std::string(algorithm)}};
+      const auto sum = run_experiment("summation", q);
+      const std::size_t sum_recorded = sum.traces.count("sum") ? sum.traces.at("sum").y.size() : 0;
+      CHECK(static_cast<std::int64_t>(sum_recorded) == summation.trace_length(params_with(summation, q)));
+    }
+  }
 }
