@@ -8,19 +8,21 @@
 
 namespace emu {
 
-// An exact real number x = hi + lo: hi is x rounded to the nearest double, and lo is
-// the residual x - hi, exact where it is a double (TwoSum, TwoProduct) and otherwise
-// (division, square root) correct in sign and accurate to double precision. Rounding
-// into a format with fewer than 52 fraction bits looks at lo only for its sign, except
-// for the probability of stochastic rounding; 52-bit formats also ask whether lo is
-// exactly half an ulp of hi, so an inexact lo is never left on a power of two (the
-// exact_* functions and ExactSum step it one double toward the true residual).
+// An exact real number x = hi + lo: hi is x rounded to the nearest double (for
+// 0 < |x| <= 2^-1075 it may instead be +-2^-1074, the least double, with the residual in
+// lo), and lo is the residual x - hi, exact where it is a double (TwoSum, TwoProduct) and
+// otherwise (division, square root, decimal input) correct in sign and accurate to
+// double precision. Rounding into a format with fewer than 52 fraction bits looks at lo
+// only for its sign, except for the probability of stochastic rounding; 52-bit formats
+// also ask whether lo is exactly half an ulp of hi, so an inexact lo is never left on a
+// power of two (the exact_* functions, ExactSum and the calculator's number parser step
+// it one double toward the true residual).
 // `beyond_double` marks a finite x with |x| >= 2^1024 (the sum or product of two large
 // fp64 values); hi then holds +-inf for its sign. An x between the largest double and
 // 2^1024 has hi = +-DBL_MAX and lo = x - hi instead (it rounds to inf in double, yet rz
 // gives DBL_MAX without overflow).
 // `lo_scale` lets a residual below double's range be held: the residual is
-// lo * 2^-lo_scale (0 unless set for tiny residuals by exact_* and ExactSum).
+// lo * 2^-lo_scale (0 unless set for tiny residuals by exact_*, ExactSum and the parser).
 struct Exact {
   double hi = 0.0;
   double lo = 0.0;
