@@ -34,7 +34,10 @@ double overflow_result(const Format& f, bool negative, const RoundSpec& spec, Fl
     default: break;
   }
   if (!to_infinity) return max;
-  return f.has_infinity() ? (negative ? -kInf : kInf) : kNaN;
+  // Where inf would go: +-inf, or in a format without inf (OCP fp8-e4m3) the NaN of the
+  // same sign (S.1111.111 exists for both signs).
+  if (f.has_infinity()) return negative ? -kInf : kInf;
+  return negative ? -kNaN : kNaN;
 }
 
 // True with probability p (in [0, 1]), exactly: compares p with an infinite uniform bit
@@ -152,8 +155,8 @@ double round(const Format& f, const Exact& x, const RoundSpec& spec, Rng* rng, F
       flags |= OFLO;
       return negative ? -f.max_finite() : f.max_finite();
     }
-    flags |= INV;
-    return kNaN;
+    flags |= INV;  // an infinite operand has no value in the format: invalid, not overflow
+    return negative ? -kNaN : kNaN;
   }
   if (hi == 0.0) {
     if (x.lo == 0.0) return hi;
