@@ -139,7 +139,8 @@ namespace {
 const char* const kNames[] = {"fp64", "fp32", "tf32", "bf16", "fp16", "fp8-e5m2", "fp8-e4m3", nullptr};
 
 bool parse_generic(std::string_view s, int& e, int& m) {
-  // eXmY with X and Y decimal, no sign, no leading junk.
+  // eXmY with X and Y decimal, no sign, no leading junk (leading zeros are refused by
+  // the caller, with the canonical spelling).
   if (s.size() < 4 || s[0] != 'e') return false;
   const auto mpos = s.find('m');
   if (mpos == std::string_view::npos || mpos < 2 || mpos + 1 >= s.size()) return false;
@@ -177,6 +178,15 @@ Format format_by_name(std::string_view name) {
   if (name == "fp8-e4m3") return fp8_e4m3();
   int e = 0, m = 0;
   if (parse_generic(name, e, m)) {
+    // One spelling per format: sweep stores names as spelled, so e05m2 beside e5m2
+    // would split one format into two parameter values.
+    std::string canonical(1, 'e');  // appended piecewise: GCC 12's -Wrestrict misfires on "e" + ...
+    canonical += std::to_string(e);
+    canonical += 'm';
+    canonical += std::to_string(m);
+    if (name != canonical)
+      throw std::invalid_argument("format '" + std::string(name) + "': write it " + canonical +
+                                  " (no leading zeros)");
     try {
       return Format(e, m, Encoding::ieee, true, std::string(name));
     } catch (const std::invalid_argument& err) {

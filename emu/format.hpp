@@ -86,7 +86,8 @@ class Format {
 
 // Presets by name: fp64 fp32 tf32 bf16 fp16 fp8-e5m2 fp8-e4m3, and the generic
 // IEEE-like eXmY (X exponent bits 2..11, Y fraction bits 1..52), e.g. e5m10 == fp16's
-// layout. Throws std::invalid_argument naming the known formats.
+// layout, X and Y written without leading zeros (e05m2 is refused with a hint to write
+// e5m2: one spelling per format). Throws std::invalid_argument naming the known formats.
 Format format_by_name(std::string_view name);
 // The preset names, for help texts and did-you-mean.
 const char* const* format_names();  // nullptr-terminated

@@ -60,18 +60,13 @@ std::uint64_t Xoroshiro128aox::next_u64() {
   return result;
 }
 
-namespace {
+std::uint32_t ipu_prng_seed(StreamId id) { return static_cast<std::uint32_t>(Philox4x32(id).next_u64()); }
 
-Xoroshiro128aox ipu_state_for(StreamId id) {
-  Philox4x32 p(id);
-  std::uint64_t s0 = p.next_u64(), s1 = p.next_u64();
-  if ((s0 | s1) == 0) s0 = 1;  // the all-zero state is the LFSR's fixed point
-  return {s0, s1};
-}
+// The expansion never gives the all-zero state (the LFSR's fixed point): s0 holds v and ~v.
+Rng::Rng(StreamId id, RngKind kind)
+    : Rng(kind, id, Xoroshiro128aox::from_prng_seed(kind == RngKind::ipu ? ipu_prng_seed(id) : 0)) {}
 
-}  // namespace
-
-Rng::Rng(StreamId id, RngKind kind) : kind_(kind), philox_(id), ipu_(ipu_state_for(id)) {}
+Rng Rng::ipu_from_prng_seed(std::uint32_t v) { return Rng(RngKind::ipu, StreamId{}, Xoroshiro128aox::from_prng_seed(v)); }
 
 double Rng::normal() {
   double u1 = uniform();

@@ -53,13 +53,22 @@ class Xoroshiro128aox {
   std::uint64_t s0_, s1_;
 };
 
-// The source of random bits for stochastic rounding and experiments. Both kinds are
-// seeded from the same StreamId: philox directly; ipu with a 128-bit state taken from
-// the stream's first Philox block (so that distinct streams never share a state, which a
-// 32-bit $PRNG_SEED could not promise).
+// The 32-bit $PRNG_SEED value that an ipu Rng of stream `id` is seeded with: the low 32
+// bits of the stream's first Philox output (Philox4x32(id).next_u64()). The hardware
+// takes only 32 bits, so two distinct streams share a seed, and then the whole ipu
+// sequence, with probability 2^-32 per pair (a sweep of 10^4 runs: about 1%).
+std::uint32_t ipu_prng_seed(StreamId id);
+
+// The source of random bits for stochastic rounding and experiments, seeded as the
+// hardware would be: philox from the StreamId directly; ipu (xoroshiro128aox) through
+// the documented $PRNG_SEED expansion, Xoroshiro128aox::from_prng_seed, of a 32-bit
+// value: ipu_prng_seed(id) for a stream, or a value given by the user
+// (Rng::ipu_from_prng_seed, as `emu round --rng ipu --seed S` does).
 class Rng {
  public:
   explicit Rng(StreamId id = {}, RngKind kind = RngKind::philox);
+  // An ipu Rng whose xoroshiro128aox state is the $PRNG_SEED expansion of v.
+  static Rng ipu_from_prng_seed(std::uint32_t v);
   RngKind kind() const { return kind_; }
   std::uint64_t next_u64() { return kind_ == RngKind::philox ? philox_.next_u64() : ipu_.next_u64(); }
   // Uniform in [0, 1) with 53 random bits.
@@ -68,6 +77,7 @@ class Rng {
   double normal();
 
  private:
+  Rng(RngKind kind, StreamId id, Xoroshiro128aox ipu) : kind_(kind), philox_(id), ipu_(ipu) {}
   RngKind kind_;
   Philox4x32 philox_;
   Xoroshiro128aox ipu_;

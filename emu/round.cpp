@@ -34,7 +34,10 @@ double overflow_result(const Format& f, bool negative, const RoundSpec& spec, Fl
     default: break;
   }
   if (!to_infinity) return max;
-  return f.has_infinity() ? (negative ? -kInf : kInf) : kNaN;
+  // Where inf would go: +-inf, or in a format without inf (OCP fp8-e4m3) the NaN of the
+  // same sign (S.1111.111 exists for both signs).
+  if (f.has_infinity()) return negative ? -kInf : kInf;
+  return negative ? -kNaN : kNaN;
 }
 
 // True with probability p (in [0, 1]), exactly: compares p with an infinite uniform bit
@@ -53,21 +56,40 @@ bool bernoulli_exact(double p, Rng& rng) {
   }
 }
 
-// Stochastic rounding decision for a discarded fraction frac (in (0, 1], with 1 meaning
-// "just below the next value") plus a residual ls below frac's last bit.
+// floor(g + h) exactly, for doubles g in [0, 1) and h in (-1, 1).
+double floor_of_sum(double g, double h) {
+  // TwoSum: s + err == g + h exactly. If s is not an integer, s + err lies strictly
+  // between the integers around s (|err| <= ulp(s) / 2 and s is a multiple of ulp(s));
+  // if it is, err's sign says on which side the exact sum lies.
+  const double s = g + h;
+  const double hb = s - g;
+  const double err = (g - (s - hb)) + (h - hb);
+  const double fl = std::floor(s);
+  return s == fl && err < 0 ? fl - 1 : fl;
+}
+
+// Stochastic rounding decision for a discarded fraction frac (in [0, 1], with 1 meaning
+// "just below the next value") plus a residual ls (the exact fraction is frac + ls, in
+// (0, 1)). Draws one 64-bit word (sr_bits 0: rarely more).
 bool stochastic_round_up(double frac, double ls, int sr_bits, Rng* rng) {
   if (rng == nullptr) throw std::logic_error("stochastic rounding needs a random source");
   if (sr_bits == 0) return bernoulli_exact(frac + ls, *rng);
-  // Hardware: truncate the fraction to k bits, add k random bits, round up on carry.
+  // Hardware: truncate the fraction to k bits, add k random bits, round up on carry:
+  // up iff r < floor((frac + ls) * 2^k). The residual counts in full (frac may be 0 with
+  // ls near 1/2 in the 52-bit formats, where lo carries all the discarded bits):
+  // frac * 2^k = whole + g and ls * 2^k = ls_whole + ls_part, split exactly, so the
+  // threshold is whole + ls_whole + floor(g + ls_part).
   const double scaled = std::ldexp(frac, sr_bits);  // <= 2^64
   const double whole = std::floor(scaled);
-  std::uint64_t threshold;  // floor(exact fraction * 2^k)
-  if (whole >= 0x1p64)
-    threshold = ~std::uint64_t{0};  // frac == 1 with ls < 0 and k == 64: 2^64 - 1
-  else
-    threshold = static_cast<std::uint64_t>(whole) - (scaled == whole && ls < 0 ? 1 : 0);
+  __int128 threshold = static_cast<__int128>(whole);
+  if (ls != 0) {
+    const double ls_scaled = std::ldexp(ls, sr_bits);  // |ls| < 1: |ls_scaled| < 2^64
+    const double ls_whole = std::trunc(ls_scaled);
+    threshold += static_cast<__int128>(ls_whole) +
+                 static_cast<__int128>(floor_of_sum(scaled - whole, ls_scaled - ls_whole));
+  }
   const std::uint64_t r = rng->next_u64() >> (64 - sr_bits);
-  return r < threshold;
+  return static_cast<__int128>(r) < threshold;
 }
 
 // 2^e as a double, for e in double's normal exponent range.
@@ -133,16 +155,17 @@ double round(const Format& f, const Exact& x, const RoundSpec& spec, Rng* rng, F
       flags |= OFLO;
       return negative ? -f.max_finite() : f.max_finite();
     }
-    flags |= INV;
-    return kNaN;
+    flags |= INV;  // an infinite operand has no value in the format: invalid, not overflow
+    return negative ? -kNaN : kNaN;
   }
   if (hi == 0.0) {
     if (x.lo == 0.0) return hi;
-    // A non-zero x closer to zero than half of double's least subnormal (a product or
-    // quotient of tiny doubles; exact_* keep only its sign, in lo). It is tiny and
-    // inexact in every format; only rounding away from zero (ru, rd by sign, ro) gives
-    // the least subnormal. Stochastic rounding would round up with probability below
-    // 2^-1074: taken as zero.
+    // A non-zero x known only by its sign, in lo, far below double's least subnormal
+    // (the calculator's parser gives this for |x| < about 2^-1200; exact_* and values
+    // nearer 2^-1074 use hi = +-2^-1074 with a scaled lo instead). It is tiny and inexact
+    // in every format; only rounding away from zero (ru, rd by sign, ro) gives the least
+    // subnormal. Stochastic rounding would round up with probability |x| / min_subnormal
+    // < 2^-126: taken as zero.
     const bool neg = std::signbit(x.lo);
     flags |= UFLO | INEXACT;
     const bool away = f.subnormals() && (spec.mode == Rounding::ro || (spec.mode == Rounding::ru && !neg) ||

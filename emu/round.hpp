@@ -8,19 +8,21 @@
 
 namespace emu {
 
-// An exact real number x = hi + lo: hi is x rounded to the nearest double, and lo is
-// the residual x - hi, exact where it is a double (TwoSum, TwoProduct) and otherwise
-// (division, square root) correct in sign and accurate to double precision. Rounding
-// into a format with fewer than 52 fraction bits looks at lo only for its sign, except
-// for the probability of stochastic rounding; 52-bit formats also ask whether lo is
-// exactly half an ulp of hi, so an inexact lo is never left on a power of two (the
-// exact_* functions and ExactSum step it one double toward the true residual).
+// An exact real number x = hi + lo: hi is x rounded to the nearest double (for
+// 0 < |x| <= 2^-1075 it may instead be +-2^-1074, the least double, with the residual in
+// lo), and lo is the residual x - hi, exact where it is a double (TwoSum, TwoProduct) and
+// otherwise (division, square root, decimal input) correct in sign and accurate to
+// double precision. Rounding into a format with fewer than 52 fraction bits looks at lo
+// only for its sign, except for the probability of stochastic rounding; 52-bit formats
+// also ask whether lo is exactly half an ulp of hi, so an inexact lo is never left on a
+// power of two (the exact_* functions, ExactSum and the calculator's number parser step
+// it one double toward the true residual).
 // `beyond_double` marks a finite x with |x| >= 2^1024 (the sum or product of two large
 // fp64 values); hi then holds +-inf for its sign. An x between the largest double and
 // 2^1024 has hi = +-DBL_MAX and lo = x - hi instead (it rounds to inf in double, yet rz
 // gives DBL_MAX without overflow).
 // `lo_scale` lets a residual below double's range be held: the residual is
-// lo * 2^-lo_scale (0 unless set for tiny residuals by exact_* and ExactSum).
+// lo * 2^-lo_scale (0 unless set for tiny residuals by exact_*, ExactSum and the parser).
 struct Exact {
   double hi = 0.0;
   double lo = 0.0;
@@ -56,9 +58,27 @@ struct RoundSpec {
 //     exponent, so rz of a value just above max is not an overflow): the Overflow policy.
 //  5. Tininess is decided on the exact value (|x| < min_normal, before rounding). With
 //     subnormals, UFLO is raised when x is tiny and inexact; without, a tiny x flushes
-//     to signed zero and raises UFLO and INEXACT.
-// NaN gives NaN with no flag; +-inf gives +-inf, or in formats without inf NaN with INV
-// (or +-max under Overflow::saturate, with OFLO).
+//     to signed zero and raises UFLO and INEXACT. So with subnormals off a value just
+//     below min_normal that would round up to min_normal still flushes to zero. This is
+//     Arm's flush-to-zero rule (Arm ARM, FPRoundBase pseudocode with FPCR.FZ = 1 and
+//     FPCR.AH = 0: the exponent of the unrounded value is compared with the minimum,
+//     before rounding; gem5's Arm model, src/arch/arm/insts/fplib.cc, does the same). x86
+//     FTZ instead flushes results that are tiny after rounding; the IPU's documents do
+//     not say, so for the IPU it is a choice.
+// Special operands and results:
+//  - NaN gives NaN of the same sign, no flag.
+//  - +-inf gives +-inf. In a format without inf (OCP fp8-e4m3) an infinite operand has
+//    no value: NaN of the same sign with INV (as IEEE 754 7.2 does for converting inf to
+//    an integer format, which has no inf either), or +-max with OFLO under
+//    Overflow::saturate.
+//  - A finite x that overflows raises OFLO and INEXACT (IEEE 754 7.4), whatever it
+//    becomes: under Overflow::inf +-inf, or +-max where the mode rounds toward zero, or
+//    in a format without inf the NaN of x's sign (fp8-e4m3: 0x7f or 0xff, the OCP
+//    S.1111.111 patterns); under Overflow::saturate +-max; under Overflow::nan (the IPU's
+//    NANOO) the canonical positive quiet NaN, with INV as well. Graphcore's
+//    documentation says NANOO gives "a Not-a-Number result" and sets INV, not which
+//    NaN; emu gives the same positive NaN for either sign (the array kernels of
+//    emu/convert.hpp do too).
 double round(const Format& f, const Exact& x, const RoundSpec& spec, Rng* rng, Flags& flags);
 
 // Convenience for exact doubles.

@@ -33,12 +33,18 @@ const char* rounding_name(Rounding r);
 // Throws std::invalid_argument listing the valid names.
 Rounding rounding_by_name(std::string_view name);
 
-// What a finite result too large for the format becomes.
+// What a finite result too large for the format becomes. Every policy raises OFLO and
+// INEXACT (IEEE 754 7.4: overflow of a finite value); emu/round.hpp has the details.
 //  inf:      IEEE 754: +-inf (or +-max where the rounding direction says so: rz, ro,
-//            ru for negatives, rd for positives); NaN in formats without inf. OFLO.
-//  saturate: +-max finite, as the IPU does for half when NaN-on-overflow is off. OFLO.
-//  nan:      the IPU's NaN-on-overflow ($FP_CTL.NANOO): NaN, with OFLO and INV.
+//            ru for negatives, rd for positives); in formats without inf (fp8-e4m3)
+//            the NaN of the result's sign, 0x7f or 0xff.
+//  saturate: +-max finite, as the IPU does for half when NaN-on-overflow is off.
+//  nan:      the IPU's NaN-on-overflow ($FP_CTL.NANOO): NaN, with INV as well. Graphcore
+//            documents a NaN result and INV, not which NaN: emu gives the canonical
+//            positive quiet NaN for both signs (fp16 0x7e00).
 // Precedence: the policy decides; the rounding mode matters only under `inf`.
+// An infinite operand is not an overflow: it stays +-inf, or in a format without inf
+// becomes NaN of its sign with INV (under saturate: +-max with OFLO).
 enum class Overflow { inf, saturate, nan };
 const char* overflow_name(Overflow o);
 Overflow overflow_by_name(std::string_view name);

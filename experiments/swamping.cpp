@@ -28,6 +28,8 @@ RunResult run_swamping(const Params& p, const RunEnv& env) {
   control.rounding = emu::rounding_by_name(p.string("rounding"));
   control.overflow = emu::overflow_by_name(p.string("overflow"));
   control.sr_bits = static_cast<int>(p.integer("sr_bits"));
+  // rng: ipu seeds xoroshiro128aox through $PRNG_SEED = emu::ipu_prng_seed(env.stream)
+  // (emu/rng.hpp), a per-run 32-bit value, as the hardware would be seeded.
   emu::Context ctx(control, emu::Rng(env.stream, emu::rng_kind_by_name(p.string("rng"))));
 
   // The inputs enter the format once, with rne whatever the rounding under test, as
@@ -87,7 +89,10 @@ Experiment swamping_experiment() {
       bool_param("subnormals", true, "whether the format keeps subnormals (false: flush to zero)"),
       string_param("overflow", "inf", "what an overflowing sum becomes: inf, saturate (to max) or nan (IPU NANOO)",
                    {"inf", "saturate", "nan"}),
-      string_param("rng", "philox", "random source of stochastic rounding: philox or ipu (xoroshiro128aox)",
+      string_param("rng", "philox",
+                   "random source of stochastic rounding: philox (the run's stream) or ipu (xoroshiro128aox "
+                   "seeded as the hardware is, by the $PRNG_SEED expansion of a 32-bit value derived from the "
+                   "run's stream: emu::ipu_prng_seed)",
                    {"philox", "ipu"}),
       int_param("trace_every", 0, "record x every this many steps (and at steps 0 and the last); 0 = no trace", 0),
   };

@@ -20,10 +20,21 @@ void Output::line(const std::string& text) {
   if (buffer_.size() > (1u << 20)) flush();
 }
 
+Output::~Output() {
+  try {
+    flush();
+  } catch (const WriteError&) {
+    // Already unwinding or already reported: nothing more to say.
+  }
+}
+
 void Output::flush() {
-  if (!buffer_.empty()) std::fwrite(buffer_.data(), 1, buffer_.size(), file_);
+  errno = 0;
+  const bool written = buffer_.empty() || std::fwrite(buffer_.data(), 1, buffer_.size(), file_) == buffer_.size();
   buffer_.clear();
-  std::fflush(file_);
+  const bool flushed = std::fflush(file_) == 0;
+  if (!written || !flushed || std::ferror(file_))
+    throw WriteError(errno != 0 ? std::strerror(errno) : "the output stream reports an error");
 }
 
 namespace {
@@ -57,7 +68,8 @@ The properties of FORMAT: name, exponent_bits, fraction_bits, precision (fractio
 sign, as fp8-e4m3), has_inf, subnormals, emin, emax, max, min_normal, min_subnormal
 (of the encoding, also with subnormals off), unit_roundoff (2^-precision), epsilon
 (2^(1-precision)), finite_values (+0 and -0 count once), finite_encodings.
---json prints them as one JSON object.
+For people, powers of two also show as such: unit_roundoff 0.00048828125 (2^-11).
+--json prints them as one JSON object (plain numbers).
 )HELP";
 
 const char* const kRoundHelp = R"HELP(usage: emu round [VALUE... | -] --format F [--rounding R] [--seed S] [--sr-bits K]
@@ -65,15 +77,28 @@ const char* const kRoundHelp = R"HELP(usage: emu round [VALUE... | -] --format F
 
 Rounds each VALUE once into F and prints, per value, the result, its bit pattern and
 the flags that rounding raised (each value's own flags). "-" reads one value per line
-from standard input. Values: decimal (exact: 0.1 is the rational 1/10, never first
-rounded to double), hex-float (0x1.8p-3), inf, infinity, nan, with a sign, any case.
+from standard input (blank lines are skipped; errors name the line). Values: decimal
+(exact: 0.1 is the rational 1/10, never first rounded to double), hex-float
+(0x1.8p-3), inf, infinity, nan, with a sign, any case.
   --rounding   rne (default) rna rz ru rd ro sr
-  --seed       seed of the random stream for sr (default 0; same seed, same results)
+  --seed       seed S of the random bits for sr (default 0; same seed, same results):
+               with --rng philox the Philox4x32-10 stream keyed by S (0..2^64-1); with
+               --rng ipu the IPU's $PRNG_SEED = S (0..2^32-1), expanded as the hardware
+               does: s0 = S | (~S << 32), s1 = ((S << 13) | (~S >> 19)) |
+               (((~S << 13) | (S >> 19)) << 32) in 32-bit parts; the values then take
+               xoroshiro128aox outputs in order, one per inexact sr rounding
   --sr-bits    random bits for sr: 0 = exact probabilities (default), 1..64 = hardware
-               style (fraction truncated to K bits plus K random bits; biased toward zero)
+               style (fraction truncated to K bits plus K random bits; biased toward zero;
+               the K bits are the top K of each 64-bit output)
   --rng        source of random bits: philox (default) or ipu (xoroshiro128aox)
-  --overflow   inf (IEEE, default), saturate (to +-max), nan (NaN with OFLO and INV)
-  --subnormals off flushes results below the normal range to zero (with UFLO)
+  --overflow   inf (IEEE, default; fp8-e4m3 has no inf: NaN of the value's sign),
+               saturate (to +-max), nan (the IPU's NANOO: positive NaN, OFLO and INV)
+  --subnormals off flushes results below the normal range to signed zero (UFLO and
+               INEXACT). Tininess is decided before rounding, as Arm's flush-to-zero
+               (FPCR.FZ) does: a value just below min normal that would round up to
+               min normal flushes to zero too.
+Infinities in fp8-e4m3 (no inf) become NaN of their sign with INV; finite overflow
+raises OFLO and INEXACT.
 JSON fields: input, format, rounding, value, bits, flags.
 )HELP";
 
@@ -102,7 +127,8 @@ Units: v100 t4 a100 ada l40s h100 h200 b200 (tensor cores), ipu-amp, ipu-amp-hal
 exact (rounded once), fp32-seq, fp16-seq (sequential fused multiply-add).
 --rounding and the other rounding options set the context; units with a fixed
 rounding (tensor cores) ignore it.
-JSON fields: unit, in, out, rounding, value, bits, flags, input_flags.
+JSON fields: unit, in, out, format (the output format, that of value and bits),
+rounding, value, bits, flags, input_flags.
 )HELP";
 
 const char* const kGemmHelp = R"HELP(usage: emu gemm --unit UNIT A.txt B.txt [C.txt] [--in FMT] [--out FMT]
@@ -116,8 +142,9 @@ gemm as a 1 x 1 x k product, so its flags are its own.
 Output: without --json, one line per row of the result (shortest decimals that read
 back to the output format's values) and a last line with the flags of all elements.
 With --json, one object per element in row-major order, with fields unit, in, out,
-rounding, row, col (from 0), value, bits, flags, input_flags (those of its row of A,
-its column of B and its C element).
+format (the output format, that of value and bits), rounding, row, col (from 0),
+value, bits, flags, input_flags (those of its row of A, its column of B and its C
+element).
 )HELP";
 
 std::string flags_json(Flags flags) {
@@ -162,9 +189,10 @@ std::vector<OptionSpec> with(std::vector<OptionSpec> base, std::initializer_list
 int info(const std::vector<std::string>& args, Output& out) {
   const auto o = parse_options("info", args, {{"--subnormals", true}, {"--json", false}, {"--help", false}});
   if (o.positionals.size() != 1) throw UsageError("emu info: expected one FORMAT (e.g. emu info fp16)");
+  // The format is the positional FORMAT (error messages name it so: info has no --format).
   ParsedOptions with_format = o;
-  with_format.values["--format"] = o.positionals.front();
-  const Format f = format_option(with_format, "--format");
+  with_format.values["FORMAT"] = o.positionals.front();
+  const Format f = format_option(with_format, "FORMAT");
   const std::string encoding = f.encoding() == Encoding::ieee ? "ieee" : "ocp-fn";
   const std::pair<const char*, std::string> fields[] = {
       {"name", json_string(f.name())},
@@ -192,9 +220,20 @@ int info(const std::vector<std::string>& args, Output& out) {
     out.line(line + "}");
     return 0;
   }
+  // For people, the limits that are powers of two also as 2^k.
+  const std::pair<const char*, double> powers[] = {{"max", f.max_finite()},
+                                                   {"min_normal", f.min_normal()},
+                                                   {"min_subnormal", f.min_subnormal()},
+                                                   {"unit_roundoff", f.unit_roundoff()},
+                                                   {"epsilon", f.epsilon()}};
   for (const auto& [key, value] : fields) {
     std::string shown = value;
     if (!shown.empty() && shown.front() == '"') shown = shown.substr(1, shown.size() - 2);
+    for (const auto& [power_key, v] : powers) {
+      int exponent = 0;
+      if (std::strcmp(key, power_key) == 0 && std::frexp(v, &exponent) == 0.5)
+        shown += " (2^" + std::to_string(exponent - 1) + ")";
+    }
     out.line(std::string(key) + std::string(18 - std::strlen(key), ' ') + shown);
   }
   return 0;
@@ -207,7 +246,8 @@ struct Input {
   Exact value;
 };
 
-// Standard input, one value per line; errors name the line.
+// Standard input, one value per line; blank (or white-space-only) lines are skipped;
+// errors name the line (counting every line, blank ones too).
 void read_stdin_values(std::vector<Input>& inputs) {
   std::string all;
   char chunk[1 << 16];
@@ -221,6 +261,7 @@ void read_stdin_values(std::vector<Input>& inputs) {
     ++line_no;
     std::string text = trimmed(std::string_view(all).substr(start, end - start));
     start = end + 1;
+    if (text.empty()) continue;  // blank or white space only: skipped, still counted
     try {
       Exact x = parse_number(text);
       inputs.push_back({std::move(text), x});
@@ -297,7 +338,7 @@ int eval(const std::vector<std::string>& args, Output& out) {
 
 struct UnitSetup {
   std::unique_ptr<MatrixUnit> unit;
-  std::string fixed_json;  // "unit", "in", "out", "rounding" fields
+  std::string fixed_json;  // "unit", "in", "out", "format" (= out), "rounding" fields
 };
 
 UnitSetup unit_from(const ParsedOptions& o, std::string_view command) {
@@ -320,6 +361,7 @@ UnitSetup unit_from(const ParsedOptions& o, std::string_view command) {
   }
   s.fixed_json = "\"unit\": " + json_string(*name) + ", \"in\": " + json_string(s.unit->input_format().name()) +
                  ", \"out\": " + json_string(s.unit->output_format().name()) +
+                 ", \"format\": " + json_string(s.unit->output_format().name()) +
                  ", \"rounding\": " + json_string(rounding_from(o));
   return s;
 }

@@ -3,18 +3,28 @@
 #pragma once
 
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace emu::cli {
+
+// Writing the results failed (disk full, closed file): what() is the system's reason.
+class WriteError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 // Buffered output: results are collected and written in large blocks (100,000 lines
 // must not cost 100,000 writes).
 class Output {
  public:
   explicit Output(std::FILE* file) : file_(file) {}
-  ~Output() { flush(); }
+  // Flushes what is left, ignoring errors (call flush() first to hear of them).
+  ~Output();
   void line(const std::string& text);
+  void text(const std::string& text) { buffer_ += text; }  // as it is, no newline added
+  // Writes the buffer and flushes the file; throws WriteError if either fails.
   void flush();
 
  private:

@@ -1,5 +1,6 @@
 // build/emu: the command-line calculator. Exit status per CONTRACT.md: 0 success,
-// 1 internal error (a bug), 2 bad input.
+// 1 internal error (a bug) or a failed write to standard output ("emu: write error:
+// ..."), 2 bad input.
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -19,7 +20,9 @@ int main(int argc, char** argv) {
     if (command == "--help" || command == "-h" || command == "help") {
       const char* text = help_text(args.empty() ? "" : args.front());
       if (text == nullptr) throw UsageError("emu help: unknown subcommand '" + args.front() + "'");
-      std::fputs(text, stdout);
+      Output out(stdout);
+      out.text(text);
+      out.flush();
       return 0;
     }
     if (help_text(command) == nullptr || command.empty())
@@ -27,12 +30,19 @@ int main(int argc, char** argv) {
     for (const auto& a : args) {
       if (a == "--") break;
       if (a == "--help" || a == "-h") {
-        std::fputs(help_text(command), stdout);
+        Output out(stdout);
+        out.text(help_text(command));
+        out.flush();
         return 0;
       }
     }
     Output out(stdout);
-    return run_command(command, args, out);
+    const int status = run_command(command, args, out);
+    out.flush();  // a full disk or closed stdout is an error, not a success
+    return status;
+  } catch (const WriteError& e) {
+    std::fprintf(stderr, "emu: write error: %s\n", e.what());
+    return 1;
   } catch (const UsageError& e) {
     std::fflush(stdout);
     // Every message names the program and, where there is one, the subcommand.

@@ -105,19 +105,45 @@ mp::cpp_int integer_of(const std::string& digits, bool hex) {
 }
 
 // A residual q * 2^scale / d (q != 0, d > 0) as Exact's lo and lo_scale (value =
-// lo * 2^-lo_scale), lo accurate to about 2^-60 relative. lo_scale stays 0 unless the
-// residual lies below double's normal range.
+// lo * 2^-lo_scale): lo is the residual rounded to the nearest double, except that an
+// inexact residual whose nearest double is a power of two is stepped one double toward
+// the exact value (emu/round.hpp: an inexact lo never sits on a power of two, or a
+// residual of almost exactly half an ulp would look like a tie to the 52-bit formats).
+// lo_scale stays 0 unless the residual lies below double's normal range.
 void set_residual(const mp::cpp_int& q, const mp::cpp_int& d, long long scale, Exact& x) {
   const bool negative = q < 0;
   const mp::cpp_int a = negative ? mp::cpp_int(-q) : q;
-  const long long shift_a = std::max<long long>(0, static_cast<long long>(mp::msb(a)) - 62);
-  const long long shift_d = std::max<long long>(0, static_cast<long long>(mp::msb(d)) - 62);
-  const double top_a = static_cast<double>(static_cast<std::uint64_t>(a >> shift_a));
-  const double top_d = static_cast<double>(static_cast<std::uint64_t>(d >> shift_d));
-  const long long total = scale + shift_a - shift_d;  // residual = top_a / top_d * 2^total
+  // a / d lies in [2^(l-1), 2^(l+1)); scaled by 2^k with k = 63 - l it lies in
+  // [2^62, 2^64): Q = floor(a * 2^k / d) fits in 64 bits and keeps 10 or more bits beyond
+  // a double's 53, and `sticky` says whether anything was left over.
+  const long long l = static_cast<long long>(mp::msb(a)) - static_cast<long long>(mp::msb(d));
+  const long long k = 63 - l;
+  mp::cpp_int num = a, den = d;
+  if (k >= 0)
+    num <<= static_cast<unsigned>(k);
+  else
+    den <<= static_cast<unsigned>(-k);
+  mp::cpp_int rest;
+  mp::cpp_int whole;
+  mp::divide_qr(num, den, whole, rest);
+  const auto Q = static_cast<std::uint64_t>(whole);
+  const bool sticky = rest != 0;
+  // Q with its last bit set when sticky (rounding to odd at 64 bits) rounds to the
+  // nearest double exactly as the exact quotient would (10 spare bits: no double rounding).
+  double r = static_cast<double>(Q | (sticky ? 1u : 0u));
+  // Exact value X = Q + (something in (0, 1) when sticky), compared with r (an integer
+  // from 2^62 to 2^64; 2^64 only by rounding up, so then X < r).
+  const bool r_is_top = r == 0x1p64;
+  const std::uint64_t r_int = r_is_top ? 0 : static_cast<std::uint64_t>(r);
+  const bool below = r_is_top || Q < r_int;               // X < r
+  const bool above = !r_is_top && (Q > r_int || (Q == r_int && sticky));  // X > r
+  int r_exponent = 0;
+  if ((below || above) && std::frexp(r, &r_exponent) == 0.5)
+    r = std::nextafter(r, below ? 0.0 : kInf);
+  const long long total = scale - k;  // residual = r * 2^total (up to the step above)
   const long long lo_scale = total < -1000 ? -total : 0;
-  const double r = std::ldexp(top_a / top_d, static_cast<int>(total + lo_scale));
-  x.lo = negative ? -r : r;
+  const double lo = std::ldexp(r, static_cast<int>(total + lo_scale));  // exact: a normal double
+  x.lo = negative ? -lo : lo;
   x.lo_scale = static_cast<int>(lo_scale);
 }
 
@@ -160,7 +186,18 @@ Exact small_decimal(std::uint64_t n, long long exponent) {
     return {hi, std::fma(m, power, -hi)};
   }
   const double hi = m / power;
-  return {hi, -std::fma(hi, power, -m) / power};  // (m - hi * power) / power
+  // The remainder m - hi * power is a double (that of a correctly rounded quotient), and
+  // lo is its quotient by power, rounded once. An inexact lo on a power of two is
+  // stepped one double toward the exact value, as emu::Exact requires; the sign of
+  // lo * power - remainder, from one fma, says which way.
+  const double remainder = -std::fma(hi, power, -m);
+  double lo = remainder / power;
+  int lo_exponent = 0;
+  if (lo != 0 && std::frexp(lo, &lo_exponent) == (lo < 0 ? -0.5 : 0.5)) {
+    const double excess = std::fma(lo, power, -remainder);  // sign of lo - exact residual
+    if (excess != 0) lo = std::nextafter(lo, excess > 0 ? -kInf : kInf);
+  }
+  return {hi, lo};
 }
 
 bool is_small_decimal(std::uint64_t n, long long exponent) {
@@ -219,12 +256,20 @@ Exact parse_number(std::string_view text) {
   // strtod of the canonical spelling is the nearest double (glibc rounds correctly).
   const std::string canonical = (w.hex ? "0x" : "") + w.digits + (w.hex ? "p" : "e") + std::to_string(w.exponent);
   const double magnitude = std::strtod(canonical.c_str(), nullptr);
-  // Nonzero, closer to zero than half the least double: hi = 0 with lo holding the sign.
-  if (magnitude == 0) return {negative ? -0.0 : 0.0, negative ? -kLeastDouble : kLeastDouble};
   Written positive = w;
   positive.negative = false;
   Exact x;
-  if (std::isinf(magnitude)) {
+  if (magnitude == 0) {
+    // Nonzero, at most half the least double 2^-1074. Down to about 2^-1200:
+    // hi = 2^-1074 and lo = x - 2^-1074 (scaled), so that exactly 2^-1075 is a tie and
+    // stochastic rounding into fp64 sees the true probability. Far below (x < 10^-362
+    // written in decimal, x < 2^-1200 in hex: both under 2^-1199): hi = 0 with lo
+    // holding the sign (round() then treats x as tiny, only its sign mattering; an sr
+    // probability below 2^-126 is taken as zero).
+    const bool far_below = w.hex ? magnitude_digits < -1200 : magnitude_digits < -361;
+    if (far_below) return {negative ? -0.0 : 0.0, negative ? -kLeastDouble : kLeastDouble};
+    x = with_residual(positive, kLeastDouble);
+  } else if (std::isinf(magnitude)) {
     // Between DBL_MAX + half its ulp and 2^1024 the value is finite in an unbounded
     // exponent range (rz gives DBL_MAX without overflow): hi = DBL_MAX, lo = the rest.
     x = with_residual(positive, std::numeric_limits<double>::max());
@@ -351,7 +396,7 @@ std::string json_number(double value) {
 }
 
 std::string shortest_decimal(const Format& f, double value) {
-  if (std::isnan(value)) return "nan";
+  if (std::isnan(value)) return std::signbit(value) ? "-nan" : "nan";  // as the bits say
   if (std::isinf(value)) return value < 0 ? "-inf" : "inf";
   const bool negative = std::signbit(value);
   if (value == 0) return negative ? "-0" : "0";

@@ -27,9 +27,13 @@ class NumberError : public std::runtime_error {
 //   inf, infinity, nan, with an optional sign, in any letter case.
 // The result is the exact value as emu::round() takes it: hi = the nearest double (ties
 // to even, as strtod), lo = the residual x - hi (times 2^lo_scale when it lies below
-// double's normal range), exact in sign and accurate to double precision. Values from
+// double's normal range) rounded to the nearest double, except that an inexact residual
+// is never left on a power of two (it is stepped one double toward the exact value:
+// emu/round.hpp), so every format and mode, fp64 included, rounds x once. Values from
 // DBL_MAX + half its ulp up to 2^1024 have hi = DBL_MAX; from 2^1024 on, beyond_double.
-// Nonzero values below half the least double have hi = +-0 and lo = +-2^-1074 (the sign).
+// Nonzero values up to half the least double (2^-1075) and above about 2^-1200 have
+// hi = +-2^-1074 and lo = x - hi (so 2^-1075 is a tie and sr sees its probability);
+// nonzero values below that have hi = +-0 and lo = +-2^-1074 (only the sign).
 // Throws NumberError for anything else.
 Exact parse_number(std::string_view text);
 
@@ -43,7 +47,8 @@ std::string hex_bits(const Format& f, std::uint64_t bits);
 
 // For people: the shortest decimal d such that rounding d (rne, exactly) into f gives
 // back `value` (a value of f): 0.00048828125 in fp16 prints as 0.0004883. Non-finite
-// values print as inf, -inf, nan.
+// values print as inf, -inf, nan, -nan (a NaN with its sign bit set, as its bits show;
+// JSON keeps the contract's single "nan").
 std::string shortest_decimal(const Format& f, double value);
 
 // Rounds x into f with round-to-nearest-even (no random source needed).

@@ -110,8 +110,6 @@ Context context_from(const ParsedOptions& o) {
     }
   }
   if (const auto v = o.get("--sr-bits")) control.sr_bits = static_cast<int>(integer_option("--sr-bits", *v, 0, 64));
-  StreamId stream;
-  if (const auto v = o.get("--seed")) stream.seed = integer_option("--seed", *v, 0, ~std::uint64_t{0});
   RngKind kind = RngKind::philox;
   if (const auto v = o.get("--rng")) {
     try {
@@ -120,6 +118,14 @@ Context context_from(const ParsedOptions& o) {
       throw UsageError(std::string("--rng: ") + e.what());
     }
   }
+  const auto seed_text = o.get("--seed");
+  if (kind == RngKind::ipu) {
+    // The hardware's $PRNG_SEED is 32 bits; S is expanded exactly as the IPU does.
+    const std::uint64_t seed = seed_text ? integer_option("--seed (with --rng ipu)", *seed_text, 0, 0xFFFFFFFFu) : 0;
+    return Context(control, Rng::ipu_from_prng_seed(static_cast<std::uint32_t>(seed)));
+  }
+  StreamId stream;
+  if (seed_text) stream.seed = integer_option("--seed", *seed_text, 0, ~std::uint64_t{0});
   return Context(control, Rng(stream, kind));
 }
 

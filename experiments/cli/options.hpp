@@ -43,7 +43,10 @@ ParsedOptions parse_options(std::string_view command, const std::vector<std::str
 Format format_option(const ParsedOptions& o, std::string_view option = "--format");
 // A format named by an option value, as UsageError when unknown (listing the known ones).
 Format format_named(std::string_view option, const std::string& name);
-// --rounding --seed --sr-bits --overflow --rng as an emu::Context.
+// --rounding --seed --sr-bits --overflow --rng as an emu::Context. --rng philox: the
+// stream (seed S, point 0, replica 0, lane 0), S up to 2^64 - 1; --rng ipu: the
+// xoroshiro128aox state that the IPU's $PRNG_SEED expansion of S (0..2^32 - 1) gives.
+// Without --seed, S = 0.
 Context context_from(const ParsedOptions& o);
 // The rounding mode's name as given (default rne).
 std::string rounding_from(const ParsedOptions& o);

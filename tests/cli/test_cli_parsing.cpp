@@ -8,7 +8,9 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <vector>
 
+#include "../core/reference.hpp"
 #include "emu/arith.hpp"
 #include "emu/format.hpp"
 #include "expression.hpp"
@@ -358,4 +360,249 @@ TEST_CASE("expression evaluation: every literal and operation rounded once", "[c
   CHECK(eval("-(0.5)", emu::fp16(), flags) == -0.5);
   CHECK(eval("3 * (1 + 2) / 4", emu::fp16(), flags) == 2.25);
   CHECK(flags == 0);
+}
+
+// ---- near ties of the 52-bit formats: every decimal and hex input rounded once ------
+
+namespace {
+
+mp::cpp_int pow2(unsigned k) { return mp::cpp_int(1) << k; }
+
+// 2^e as a rational.
+mp::cpp_rational two_to(int e) {
+  return e >= 0 ? mp::cpp_rational(pow2(static_cast<unsigned>(e))) : mp::cpp_rational(1, pow2(static_cast<unsigned>(-e)));
+}
+
+// A positive rational whose denominator is 2^a 5^b, written exactly as decimal text
+// "digits e-k" (or hex "0xHEX p-a" when the denominator is a power of two and hex is
+// asked for). Independent of the parser under test.
+std::string exact_text(const mp::cpp_rational& x, bool hex) {
+  mp::cpp_int num = mp::numerator(x), den = mp::denominator(x);
+  unsigned twos = 0, fives = 0;
+  while ((den & 1) == 0) {
+    den >>= 1;
+    ++twos;
+  }
+  while (den % 5 == 0) {
+    den /= 5;
+    ++fives;
+  }
+  REQUIRE(den == 1);
+  if (hex && fives == 0) return "0x" + num.str(0, std::ios_base::hex) + "p-" + std::to_string(twos);
+  const unsigned k = std::max(twos, fives);  // x * 10^k is an integer
+  const mp::cpp_int scaled = num * mp::pow(mp::cpp_int(2), k - twos) * mp::pow(mp::cpp_int(5), k - fives);
+  return scaled.str() + "e-" + std::to_string(k);
+}
+
+// "[-]0xHEXp[-]E" (as exact_text writes it) as a rational, independently of the parser.
+mp::cpp_rational rational_of_hex(const std::string& text) {
+  const bool negative = text[0] == '-';
+  const std::size_t start = negative ? 3 : 2, p = text.find('p');
+  mp::cpp_int digits = 0;
+  for (std::size_t i = start; i < p; ++i) {
+    const char c = text[i];
+    digits = digits * 16 + (c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10);
+  }
+  const mp::cpp_rational r = mp::cpp_rational(digits) * two_to(std::stoi(text.substr(p + 1)));
+  return negative ? mp::cpp_rational(-r) : r;
+}
+
+ref::Real real_of(const mp::cpp_rational& x) {
+  ref::Real r;
+  r.negative = x < 0;
+  r.num = mp::numerator(r.negative ? mp::cpp_rational(-x) : x);
+  r.den = mp::denominator(x);
+  return r;
+}
+
+bool same_result(const emu::Format& f, double got, double want) {
+  if (std::isnan(got) || std::isnan(want)) return std::isnan(got) && std::isnan(want) && std::signbit(got) == std::signbit(want);
+  return f.representable(got) && f.representable(want) && f.encode(got) == f.encode(want);
+}
+
+const emu::Rounding kDirectedAndNearest[] = {emu::Rounding::rne, emu::Rounding::rna, emu::Rounding::rz,
+                                             emu::Rounding::ru,  emu::Rounding::rd,  emu::Rounding::ro};
+
+// Checks parse_number(text) rounded by emu against the reference rounding of the exact x,
+// in every mode but sr, with subnormals on and off. Returns the number of mismatches.
+int check_every_mode(const emu::Format& format, const ref::Spec& spec, const std::string& text,
+                     const mp::cpp_rational& x) {
+  const emu::Exact parsed = parse_number(text);
+  int bad = 0;
+  for (bool subnormals : {true, false}) {
+    ref::Spec s = spec;
+    s.subnormals = subnormals;
+    const emu::Format f = format.with_subnormals(subnormals);
+    for (emu::Rounding mode : kDirectedAndNearest) {
+      emu::Flags flags = 0;
+      const double got = emu::round(f, parsed, emu::RoundSpec{mode}, nullptr, flags);
+      const ref::Result want = ref::round(real_of(x), s, mode, emu::Overflow::inf);
+      if (!same_result(f, got, want.value) || flags != want.flags) {
+        if (++bad <= 3)
+          UNSCOPED_INFO(format.name() << (subnormals ? "" : " (no subnormals)") << " " << emu::rounding_name(mode)
+                                      << " " << text.substr(0, 120) << ": emu " << got << " flags " << int(flags)
+                                      << ", reference " << want.value << " flags " << int(want.flags));
+      }
+    }
+  }
+  return bad;
+}
+
+}  // namespace
+
+TEST_CASE("parse_number: near ties of 52-bit formats round once in every mode (fp64, e8m52, ...)", "[cli]") {
+  // For a format with 52 fraction bits a tie t = v + ulp/2 is not a double: the nearest
+  // double of x = t +- delta is v or its neighbour, and x - hi is within delta of ulp/2.
+  // Rounded to a double that residual would be exactly ulp/2, a false tie; the parser
+  // must keep it off (emu/round.hpp). Oracle: reference.hpp's exact rounding of x.
+  struct F {
+    const char* name;
+    ref::Spec spec;
+  };
+  const F formats[] = {{"fp64", {11, 52}}, {"e11m52", {11, 52}}, {"e8m52", {8, 52}},
+                       {"e5m52", {5, 52}}, {"e11m51", {11, 51}}, {"e10m52", {10, 52}}};
+  std::mt19937_64 gen(0x7e57);
+  int traps = 0, cases = 0, bad = 0;
+  for (const F& fc : formats) {
+    const emu::Format format = emu::format_by_name(fc.name);
+    const ref::Spec& s = fc.spec;
+    const int p = s.p;
+    // Grid values v: random ones over the whole range, and the boundaries: 0 (the tie
+    // at min_subnormal / 2), the last subnormal, below powers of two (the residual is
+    // negative and the grid below is finer), and max (the tie is the overflow threshold).
+    std::vector<mp::cpp_rational> grid = {0, two_to(s.emin()) - two_to(s.emin() - p),
+                                          two_to(s.emax() + 1) - two_to(s.emax() - p),
+                                          two_to(s.emin() + 1) - two_to(s.emin() - p), 1 - two_to(-p - 1)};
+    for (int i = 0; i < 60; ++i) {
+      const int e = s.emin() - 1 + static_cast<int>(gen() % static_cast<std::uint64_t>(s.emax() - s.emin() + 2));
+      const mp::cpp_int frac = mp::cpp_int(gen() & ((std::uint64_t{1} << p) - 1));
+      if (e < s.emin())
+        grid.push_back(mp::cpp_rational(frac) * two_to(s.emin() - p));
+      else
+        grid.push_back(mp::cpp_rational(frac + pow2(static_cast<unsigned>(p))) * two_to(e - p));
+      // Just below a power of two: v = 2^e - ulp, so the tie is 2^e - ulp/2.
+      if (e > s.emin()) grid.push_back(two_to(e) - two_to(e - 1 - p));
+    }
+    for (const mp::cpp_rational& v : grid) {
+      // The gap above v: v's own ulp (or the subnormal spacing).
+      int e = v == 0 ? s.emin() : ref::floor_log2(mp::numerator(v), mp::denominator(v));
+      const mp::cpp_rational ulp = two_to(std::max(e, s.emin()) - p);
+      const mp::cpp_rational tie = v + ulp / 2;
+      const bool negative = gen() & 1;
+      // Nudges far below ulp: a power of two (hex and decimal text) or a power of ten
+      // (decimal text only), below and above the tie, and the tie itself.
+      const int d = 20 + static_cast<int>(gen() % 60);
+      const mp::cpp_rational nudge2 = ulp * two_to(-d);
+      // 10^j below ulp * 2^-d: j < (log2(ulp) - d) * log10(2); j < 0 for all but the
+      // largest values.
+      const int ulp_exponent = std::max(e, s.emin()) - p;
+      const int j = static_cast<int>(std::floor((ulp_exponent - d) * 0.30103)) - 1;
+      const mp::cpp_rational nudge10 = j >= 0 ? mp::cpp_rational(pow10(static_cast<unsigned>(j)))
+                                              : mp::cpp_rational(1, pow10(static_cast<unsigned>(-j)));
+      REQUIRE(nudge10 < ulp * two_to(-d));
+      const std::pair<mp::cpp_rational, bool> xs[] = {{tie, true},           {tie, false},
+                                                      {tie + nudge2, true},  {tie - nudge2, true},
+                                                      {tie + nudge2, false}, {tie - nudge10, false},
+                                                      {tie + nudge10, false}};
+      for (const auto& [magnitude, hex] : xs) {
+        const mp::cpp_rational x = negative ? mp::cpp_rational(-magnitude) : magnitude;
+        const std::string text = (negative ? "-" : "") + exact_text(magnitude, hex);
+        REQUIRE((hex ? rational_of_hex(text) : rational_of_decimal(text)) == x);  // the text is x exactly
+        bad += check_every_mode(format, s, text, x);
+        ++cases;
+        // Was this a trap? The residual x - hi rounded to the nearest double sits on a
+        // power of two while the residual itself does not.
+        const emu::Exact parsed = parse_number(text);
+        if (magnitude != tie && std::isfinite(parsed.hi) && parsed.hi != 0 && parsed.lo_scale == 0) {
+          const mp::cpp_rational residual = abs(x - rational_of_double(parsed.hi));
+          if (residual > two_to(-1022)) {
+            const double nearest = oracle_rne(residual, 52, -1022);
+            int ignored = 0;
+            traps += std::frexp(nearest, &ignored) == 0.5 && rational_of_double(nearest) != residual;
+          }
+        }
+      }
+    }
+  }
+  INFO(cases << " inputs, " << traps << " of them residual traps");
+  CHECK(bad == 0);
+  CHECK(traps > 300);  // the cases do exercise the false-tie trap
+}
+
+TEST_CASE("parse_number: the audit's fp64 cases, against the exact oracle", "[cli]") {
+  // Each text with the bits the exact value rounds to (worked out by hand; the oracle
+  // confirms them).
+  struct Case {
+    const char* text;
+    emu::Rounding mode;
+    std::uint64_t bits;
+    emu::Flags flags;
+  };
+  const Case cases[] = {
+      // 2^53 + 1 + 1e-22: just above the tie between 2^53 and 2^53 + 2: up.
+      {"9007199254740993.0000000000000000000001", emu::Rounding::rne, 0x4340000000000001, emu::INEXACT},
+      // 1 + 2^-53 + 2^-120: above the tie between 1 and 1 + 2^-52: up.
+      {"0x1.000000000000080000000000000001p0", emu::Rounding::rne, 0x3ff0000000000001, emu::INEXACT},
+      // 2^53 + 1 - 1e-19: below the tie: rna rounds down.
+      {"9007199254740992.9999999999999999999", emu::Rounding::rna, 0x4340000000000000, emu::INEXACT},
+      {"0x1.00000000000007ffffffffffffffffp0", emu::Rounding::rna, 0x3ff0000000000000, emu::INEXACT},
+      // Above 2^-1075 (half the least subnormal): rounds to 2^-1074.
+      {"2.4703282292062328e-324", emu::Rounding::rne, 0x1, emu::UFLO | emu::INEXACT},
+      // 2^-1075 exactly: a tie; rne to 0 (even), rna away.
+      {"0x1p-1075", emu::Rounding::rne, 0x0, emu::UFLO | emu::INEXACT},
+      {"0x1p-1075", emu::Rounding::rna, 0x1, emu::UFLO | emu::INEXACT},
+      {"0x1.0000000000001p-1075", emu::Rounding::rne, 0x1, emu::UFLO | emu::INEXACT},
+      {"0x1.fffffffffffffp-1076", emu::Rounding::rna, 0x0, emu::UFLO | emu::INEXACT},
+      // Below the overflow threshold 2^1024 - 2^970: DBL_MAX, no overflow.
+      {"1.797693134862315807937289714053034150799e308", emu::Rounding::rne, 0x7fefffffffffffff, emu::INEXACT},
+      // The threshold itself: a tie, to even: inf.
+      {"0x1.fffffffffffff8p1023", emu::Rounding::rne, 0x7ff0000000000000, emu::OFLO | emu::INEXACT},
+      {"0x1.fffffffffffff7ffffffffffffp1023", emu::Rounding::rna, 0x7fefffffffffffff, emu::INEXACT},
+  };
+  const ref::Spec fp64_spec{11, 52};
+  for (const Case& c : cases) {
+    INFO(c.text << " " << emu::rounding_name(c.mode));
+    emu::Flags flags = 0;
+    const double got = emu::round(emu::fp64(), parse_number(c.text), emu::RoundSpec{c.mode}, nullptr, flags);
+    CHECK(emu::fp64().encode(got) == c.bits);
+    CHECK(flags == c.flags);
+  }
+  // The decimal texts through the oracle in every mode, subnormals on and off.
+  for (const char* text : {"9007199254740993.0000000000000000000001", "9007199254740992.9999999999999999999",
+                           "2.4703282292062328e-324", "1.797693134862315807937289714053034150799e308"}) {
+    INFO(text);
+    CHECK(check_every_mode(emu::fp64(), fp64_spec, text, rational_of_decimal(text)) == 0);
+  }
+}
+
+TEST_CASE("parse_number: tiny fp64 inputs keep their sr probability; sr_bits see the residual", "[cli]") {
+  // x = f * 2^-1074 with f in (0, 1): sr rounds up to 2^-1074 with probability f. With k
+  // random bits: up iff the top k bits of the next word are below floor(f 2^k); the word
+  // is read from a copy of the generator. f from the exact decimal (oracle: cpp_rational).
+  const char* texts[] = {"1.5e-324", "2.4703282292062328e-324", "4.9e-324", "1e-330", "0.7e-324",
+                         "9007199254740993.0000000000000000000001", "9007199254740992.9999999999999999999"};
+  for (const char* text : texts) {
+    const mp::cpp_rational x = rational_of_decimal(text);
+    // down and the gap above it, from the oracle's rz.
+    const ref::Spec fp64_spec{11, 52};
+    const double down = ref::round(real_of(x), fp64_spec, emu::Rounding::rz, emu::Overflow::inf).value;
+    const double up = ref::round(real_of(x), fp64_spec, emu::Rounding::ru, emu::Overflow::inf).value;
+    const mp::cpp_rational f = (x - rational_of_double(down)) / (rational_of_double(up) - rational_of_double(down));
+    const emu::Exact parsed = parse_number(text);
+    for (int k : {1, 3, 8, 20, 64}) {
+      const mp::cpp_int threshold = mp::numerator(f * mp::cpp_rational(pow2(static_cast<unsigned>(k)))) /
+                                    mp::denominator(f * mp::cpp_rational(pow2(static_cast<unsigned>(k))));
+      emu::Rng rng(emu::StreamId{77, static_cast<std::uint32_t>(k)});
+      for (int i = 0; i < 500; ++i) {
+        emu::Rng copy = rng;
+        const std::uint64_t top = copy.next_u64() >> (64 - k);
+        const bool expect_up = mp::cpp_int(top) < threshold;
+        emu::Flags flags = 0;
+        const double got = emu::round(emu::fp64(), parsed, emu::RoundSpec{emu::Rounding::sr, emu::Overflow::inf, k},
+                                      &rng, flags);
+        INFO(text << " k " << k << " draw " << i);
+        REQUIRE(got == (expect_up ? up : down));
+      }
+    }
+  }
 }

@@ -61,6 +61,10 @@ class Fmt:
         n, rest = divmod(a, q)  # n integer, rest in [0, q)
         if mode == "rne":
             up = rest * 2 > q or (rest * 2 == q and n % 2 == 1)
+        elif mode == "rna":
+            up = rest * 2 >= q
+        elif mode == "ro":
+            up = rest > 0 and n % 2 == 0
         elif mode == "rz":
             up = False
         elif mode == "ru":
@@ -76,18 +80,22 @@ class Fmt:
                 flags.add("UFLO")
         if r > self.max:
             flags |= {"OFLO", "INEXACT"}
-            to_inf = mode == "rne" or (mode == "ru" and sign > 0) or (mode == "rd" and sign < 0)
+            to_inf = mode in ("rne", "rna") or (mode == "ru" and sign > 0) or (mode == "rd" and sign < 0)
             if not to_inf:
                 return sign * self.max, flags
-            return ("nan" if self.ocp_fn else ("inf" if sign > 0 else "-inf")), flags
+            # OCP E4M3 has no inf: the NaN of the same sign (S.1111.111, both signs exist).
+            if self.ocp_fn:
+                return ("nan" if sign > 0 else "-nan"), flags
+            return ("inf" if sign > 0 else "-inf"), flags
         if r == 0 and sign < 0:
             return "-0", flags  # Fraction has no negative zero
         return sign * r, flags
 
     def bits(self, v):
-        if v == "nan":
-            return (2 ** (self.ebits + self.fbits) - 1) if self.ocp_fn else \
-                (2 ** self.ebits - 1) << self.fbits | 1 << (self.fbits - 1)
+        if v in ("nan", "-nan"):
+            sign = 1 << (self.ebits + self.fbits) if v == "-nan" else 0
+            return sign | ((2 ** (self.ebits + self.fbits) - 1) if self.ocp_fn else
+                           (2 ** self.ebits - 1) << self.fbits | 1 << (self.fbits - 1))
         if v == "-0":
             return 1 << (self.ebits + self.fbits)
         if v in ("inf", "-inf"):
@@ -116,6 +124,8 @@ def ordered(flags):
 def as_json_value(v):
     if v == "-0":
         return -0.0
+    if v == "-nan":
+        return "nan"  # JSON has one "nan" (CONTRACT.md); the bits keep the sign
     return v if isinstance(v, str) else float(v)
 
 
@@ -227,6 +237,185 @@ sr_bits = emu_json("round", "-", "--format", "bf16", "--rounding", "sr", "--sr-b
                    "--seed", "9", stdin=stdin)
 check(len(sr_bits) == len(values), "sr with --sr-bits 4 --rng ipu")
 
+# ---- fp64 and other 52-bit formats: inputs near a tie are rounded once, every mode ----
+
+FP64, E8M52 = Fmt(11, 52), Fmt(8, 52)
+MODES = ["rne", "rna", "rz", "ru", "rd", "ro"]
+
+
+def exact_text(x, hex_form):
+    """A Fraction whose denominator is 2^a 5^b as exact text: hex 0x..p-a, or decimal."""
+    sign = "-" if x < 0 else ""
+    x = abs(x)
+    den = x.denominator
+    twos = (den & -den).bit_length() - 1
+    rest = den >> twos
+    fives = 0
+    while rest % 5 == 0:
+        rest //= 5
+        fives += 1
+    assert rest == 1
+    if hex_form and fives == 0:
+        return f"{sign}0x{x.numerator:x}p-{twos}"
+    k = max(twos, fives)
+    return f"{sign}{x.numerator * 10 ** k // x.denominator}e-{k}"
+
+
+def near_ties(fmt, gen, count):
+    """Texts a hair above and below ties of fmt (and the ties), with their exact values."""
+    out = []
+    for _ in range(count):
+        e = gen.randint(fmt.emin - 1, fmt.emax)
+        frac = gen.getrandbits(fmt.fbits)
+        if e < fmt.emin:
+            v, ulp = Fraction(frac) * Fraction(2) ** (fmt.emin - fmt.fbits), Fraction(2) ** (fmt.emin - fmt.fbits)
+        else:
+            v = Fraction(frac + 2 ** fmt.fbits) * Fraction(2) ** (e - fmt.fbits)
+            ulp = Fraction(2) ** (e - fmt.fbits)
+        if v + ulp > fmt.max:
+            continue
+        tie = v + ulp / 2
+        d = gen.randint(54, 90)  # the residual is ulp/2 within 2^-d ulp: it rounds to ulp/2 in double
+        sign = gen.choice([1, -1])
+        for x, hex_form in [(tie, True), (tie + ulp / 2 ** d, True), (tie - ulp / 2 ** d, gen.random() < 0.5)]:
+            out.append((exact_text(sign * x, hex_form), sign * x))
+    return out
+
+
+near_gen = random.Random(52)
+audit = ["9007199254740993.0000000000000000000001", "0x1.000000000000080000000000000001p0",
+         "9007199254740992.9999999999999999999", "0x1.00000000000007ffffffffffffffffp0",
+         "2.4703282292062328e-324", "1.797693134862315807937289714053034150799e308", "0x1p-1075",
+         "-0x1.0000000000001p-1075", "0x1.fffffffffffff8p1023", "0x1.fffffffffffff7ffffffffffffp1023"]
+
+
+def parse_fraction(text):
+    if "0x" in text:
+        neg = text.startswith("-")
+        mant, exp = text.lstrip("-")[2:].split("p")
+        whole, _, frac = mant.partition(".")
+        value = Fraction(int(whole + frac, 16), 16 ** len(frac)) * Fraction(2) ** int(exp)
+        return -value if neg else value
+    return Fraction(text)
+
+
+for fmt_name, fmt, extra in [("fp64", FP64, audit), ("e8m52", E8M52, [])]:
+    cases = [(t, parse_fraction(t)) for t in extra] + near_ties(fmt, near_gen, 150)
+    stdin = "\n".join(t for t, _ in cases) + "\n"
+    for mode in MODES:
+        rs = emu_json("round", "-", "--format", fmt_name, "--rounding", mode, stdin=stdin)
+        check(len(rs) == len(cases), f"{fmt_name} {mode}: {len(rs)} results for {len(cases)} inputs")
+        bad = 0
+        for (text, x), r in zip(cases, rs):
+            value, flags = fmt.round(x, mode)
+            want_bits = f"0x{fmt.bits(value):0{(1 + fmt.ebits + fmt.fbits + 3) // 4}x}"
+            if r["bits"] != want_bits or r["flags"] != ordered(flags) or r["value"] != as_json_value(value):
+                bad += 1
+                if bad <= 3:
+                    check(False, f"{fmt_name} {mode} {text}: got {r['bits']} {r['flags']}, "
+                                 f"oracle {want_bits} {ordered(flags)}")
+        check(bad == 0, f"{fmt_name} {mode}: {bad} of {len(cases)} near-tie inputs differ from the oracle")
+# eval rounds its literals the same way.
+[r] = emu_json("eval", "9007199254740993.0000000000000000000001 + 0", "--format", "fp64")
+check(r["bits"] == "0x4340000000000001", f"eval near-tie literal in fp64: {r}")
+
+# ---- fp8-e4m3 NaN signs and flags; NaN on overflow; subnormals off -----------------
+
+for text, bits, flags in [("-inf", "0xff", ["INV"]), ("inf", "0x7f", ["INV"]), ("-1000", "0xff", ["OFLO", "INEXACT"]),
+                          ("1000", "0x7f", ["OFLO", "INEXACT"]), ("-nan", "0xff", [])]:
+    r = round_one(text, "fp8-e4m3")
+    check(r["value"] == "nan" and r["bits"] == bits and r["flags"] == flags, f"e4m3 {text}: {r}")
+r = round_one("-1000", "fp8-e4m3", "--rounding", "ru")  # toward zero: -448, no NaN
+check(r["value"] == -448 and r["bits"] == "0xfe", f"e4m3 -1000 ru: {r}")
+# NANOO gives the canonical positive NaN for both signs (emu/status.hpp).
+r = round_one("-70000", "fp16", "--overflow", "nan")
+check(r["bits"] == "0x7e00" and r["flags"] == ["OFLO", "INV", "INEXACT"], f"-70000 --overflow nan: {r}")
+# Tininess before rounding: 2^-14 - 2^-26 would round up to min normal, yet flushes.
+r = round_one("0x1.ffep-15", "fp16", "--subnormals", "off")
+check(r["bits"] == "0x0000" and r["flags"] == ["UFLO", "INEXACT"], f"tiny before rounding flushes: {r}")
+r = round_one("0x1.ffep-15", "fp16")
+check(r["bits"] == "0x0400", f"with subnormals it rounds to min normal: {r}")
+
+# ---- --rng ipu --seed S: the $PRNG_SEED expansion and xoroshiro128aox ---------------
+
+M64 = 2 ** 64 - 1
+
+
+def aox_stream(v):
+    """xoroshiro128aox (Hanlon and Felix, IEEE Trans. Computers 72(5), 2023) from the IPU's
+    $PRNG_SEED expansion of the 32-bit v, written here from the published algorithm."""
+    nv = ~v & 0xFFFFFFFF
+    s0 = v | nv << 32
+    s1 = ((v << 13 | nv >> 19) & 0xFFFFFFFF) | (((nv << 13 | v >> 19) & 0xFFFFFFFF) << 32)
+
+    def rotl(x, k):
+        return ((x << k) | (x >> (64 - k))) & M64
+    while True:
+        sx, sa = s0 ^ s1, s0 & s1
+        yield sx ^ (rotl(sa, 1) | rotl(sa, 2))
+        s0 = rotl(s0, 55) ^ sx ^ ((sx << 14) & M64)
+        s1 = rotl(sx, 36)
+
+
+ipu_gen = random.Random(128)
+ipu_values = []
+for i in range(600):
+    if i % 7 == 0:  # exact in bf16: no random word drawn
+        ipu_values.append(float(BF16.round(Fraction(ipu_gen.uniform(-50, 50)))[0]))
+    else:
+        ipu_values.append(ipu_gen.choice([-1, 1]) * ipu_gen.uniform(0.001, 1000))
+ipu_texts = [v.hex() for v in ipu_values]  # exact doubles: the discarded fraction is exact
+for seed in (0, 1, 12345, 2 ** 32 - 1):
+    for k in (0, 4, 13, 64):
+        rs = emu_json("round", "-", "--format", "bf16", "--rounding", "sr", "--rng", "ipu", "--seed", str(seed),
+                      "--sr-bits", str(k), stdin="\n".join(ipu_texts) + "\n")
+        words = aox_stream(seed)
+        bad = 0
+        for text, v, r in zip(ipu_texts, ipu_values, rs):
+            x = Fraction(v)
+            toward, away = BF16.round(x, "rz")[0], (BF16.round(x, "ru")[0] if x > 0 else BF16.round(x, "rd")[0])
+            if toward == x:
+                expected = x
+            else:
+                f = (abs(x) - abs(toward)) / (abs(away) - abs(toward))
+                w = next(words)
+                up = (w < f * 2 ** 64) if k == 0 else ((w >> (64 - k)) < int(f * 2 ** k))
+                expected = away if up else toward
+            if Fraction(r["value"]) != expected:
+                bad += 1
+        check(len(rs) == len(ipu_texts) and bad == 0,
+              f"--rng ipu --seed {seed} --sr-bits {k}: {bad} results differ from xoroshiro128aox's words")
+rc, _, err = emu("round", "1.1", "--format", "bf16", "--rounding", "sr", "--rng", "ipu", "--seed", str(2 ** 32))
+check(rc == 2 and "4294967295" in err, f"--rng ipu takes a 32-bit seed: {rc} {err!r}")
+rc, _, _ = emu("round", "1.1", "--format", "bf16", "--rounding", "sr", "--seed", str(2 ** 64 - 1))
+check(rc == 0, "--rng philox takes a 64-bit seed")
+
+# ---- write errors -----------------------------------------------------------------
+
+for args in (["round", "1", "--format", "fp16"], ["info", "fp16", "--json"], ["--help"]):
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([EMU, *args], stdout=full, stderr=subprocess.PIPE, text=True)
+    check(p.returncode == 1 and p.stderr.startswith("emu: write error:") and len(p.stderr.splitlines()) == 1,
+          f"emu {args} > /dev/full: exit {p.returncode}, stderr {p.stderr!r}")
+
+# ---- small things: argument names, format spellings, blank lines, -nan, 2^k ---------
+
+rc, _, err = emu("info", "e12m3")
+check(rc == 2 and "FORMAT" in err and "--format" not in err, f"info names its argument: {err!r}")
+for args in (["info", "e05m2"], ["round", "1", "--format", "e05m2"], ["round", "1", "--format", "e5m02"]):
+    rc, _, err = emu(*args)
+    check(rc == 2 and "e5m2" in err and len(err.splitlines()) == 1, f"emu {args}: {rc} {err!r}")
+rs = emu_json("round", "-", "--format", "fp16", stdin="1\n\n   \n\t\n2\n")
+check([r["input"] for r in rs] == ["1", "2"], f"blank stdin lines are skipped: {rs}")
+rc, _, err = emu("round", "-", "--format", "fp16", stdin="1\n\n0.3.4\n")
+check(rc == 2 and "line 3" in err, f"line numbers count blank lines: {err!r}")
+rc, out, _ = emu("round", "-nan", "nan", "--format", "fp16")
+lines = out.splitlines()
+check(rc == 0 and "-> -nan" in lines[0] and "0xfe00" in lines[0] and "-> nan" in lines[1] and "0x7e00" in lines[1],
+      f"-nan printed for people: {out!r}")
+rc, out, _ = emu("info", "fp16")
+check("0.00048828125 (2^-11)" in out and "(2^-14)" in out and "(2^-24)" in out, f"info shows powers of two: {out!r}")
+
 # ---- 100,000 values on standard input, timed, checked against the oracle -------------
 
 gen = random.Random(20261122)
@@ -274,7 +463,10 @@ check(rc == 0 and len(out.splitlines()) == len(texts), "100k for people")
 
 [r] = emu_json("dot", "--unit", "exact", "--a", "1,2,3", "--b", "4,5,6")
 check(r["value"] == 32 and r["bits"] == "0x42000000" and r["flags"] == [] and r["unit"] == "exact"
-      and r["in"] == "fp16" and r["out"] == "fp32", f"dot exact: {r}")
+      and r["in"] == "fp16" and r["out"] == "fp32" and r["format"] == "fp32" and r["rounding"] == "rne",
+      f"dot exact: {r}")
+[r] = emu_json("dot", "--unit", "fp16-seq", "--a", "1", "--b", "1", "--rounding", "rz")
+check(r["format"] == "fp16" and r["out"] == "fp16" and r["rounding"] == "rz", f"dot format/rounding fields: {r}")
 # fp16-seq: c <- fl16(a_i * b_i + c), in order; inputs rounded into fp16 first.
 a, b, c = ["0.1", "0.2", "0.3", "1e-4"], ["3", "0.7", "1.1", "5"], "1"
 acc = FP16.round(Fraction(c))[0]
@@ -303,6 +495,7 @@ B = write("B.txt", "1 2\n3 4\n5 6.5\n")
 C = write("C.txt", "1 1\n1 1\n")
 rs = emu_json("gemm", "--unit", "exact", A, B, C)
 check(len(rs) == 4 and [(r["row"], r["col"]) for r in rs] == [(0, 0), (0, 1), (1, 0), (1, 1)], f"gemm shape: {rs}")
+check(all(r["format"] == "fp32" == r["out"] and r["rounding"] == "rne" for r in rs), f"gemm format field: {rs[0]}")
 FP32 = Fmt(8, 23)
 rows_a = [[FP16.round(Fraction(t))[0] for t in line.split()] for line in ["0.1 0.2 0.3", "1 2 3"]]
 cols_b = list(zip(*[[FP16.round(Fraction(t))[0] for t in line.split()] for line in ["1 2", "3 4", "5 6.5"]]))

@@ -177,11 +177,13 @@ inline Result round(const Real& x, const Spec& f, Rounding mode, Overflow overfl
   const bool overflows = d >= 0 ? (m << d) > max_m : m > (max_m << -d);
   if (overflows) {
     const double max = neg ? -f.max_finite() : f.max_finite();
-    const double inf = f.has_inf() ? (neg ? -kInf : kInf) : kNaN;
+    // Without inf (OCP E4M3) the value inf would take is the NaN of the same sign:
+    // S.1111.111 exists for both signs.
+    const double inf = f.has_inf() ? (neg ? -kInf : kInf) : (neg ? -kNaN : kNaN);
     const emu::Flags flags = emu::OFLO | emu::INEXACT;
     switch (overflow) {
       case Overflow::saturate: return {max, flags};
-      case Overflow::nan: return {kNaN, flags | emu::INV};
+      case Overflow::nan: return {kNaN, flags | emu::INV};  // emu/status.hpp: the positive NaN
       case Overflow::inf: break;
     }
     // IEEE 754 7.4: rounding toward zero (and to odd) carries to max, the directed

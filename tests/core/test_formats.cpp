@@ -173,4 +173,11 @@ TEST_CASE("format properties match the published values", "[formats]") {
   CHECK_THROWS_AS(emu::format_by_name("fp12"), std::invalid_argument);
   CHECK_THROWS_AS(emu::format_by_name("e12m3"), std::invalid_argument);
   CHECK_THROWS_AS(emu::format_by_name("e5m0"), std::invalid_argument);
+  // One spelling per format: leading zeros are refused, with the canonical name.
+  for (const char* spelled : {"e05m2", "e5m02", "e005m010", "e08m7"}) {
+    INFO(spelled);
+    CHECK_THROWS_AS(emu::format_by_name(spelled), std::invalid_argument);
+  }
+  CHECK_THROWS_WITH(emu::format_by_name("e05m2"), Catch::Contains("write it e5m2"));
+  CHECK(emu::format_by_name("e10m52").name() == "e10m52");
 }

@@ -88,12 +88,24 @@ TEST_CASE("xoroshiro128aox matches the published algorithm and $PRNG_SEED expans
   CHECK(one.s1() == 0xffffc00000003fffULL);
 }
 
-TEST_CASE("the ipu rng is xoroshiro128aox seeded from the stream's first Philox block", "[rng]") {
-  const emu::StreamId id{99, 1, 2, 3};
-  emu::Philox4x32 p(id);
-  ReferenceAox ref{p.next_u64(), p.next_u64()};
-  emu::Rng rng(id, emu::RngKind::ipu);
-  for (int i = 0; i < 100; ++i) CHECK(rng.next_u64() == ref.next());
+TEST_CASE("the ipu rng is xoroshiro128aox seeded through $PRNG_SEED, as the hardware is", "[rng]") {
+  // A stream's ipu rng: $PRNG_SEED = the low 32 bits of the stream's first Philox output
+  // (emu/rng.hpp), expanded as the hardware does.
+  for (const emu::StreamId& id : {emu::StreamId{99, 1, 2, 3}, emu::StreamId{0}, emu::StreamId{~0ULL, 7, 0, 1}}) {
+    const std::uint32_t v = static_cast<std::uint32_t>(emu::Philox4x32(id).next_u64());
+    CHECK(emu::ipu_prng_seed(id) == v);
+    ReferenceAox ref = ReferenceAox::from_seed(v);
+    emu::Rng rng(id, emu::RngKind::ipu);
+    CHECK(rng.kind() == emu::RngKind::ipu);
+    for (int i = 0; i < 100; ++i) REQUIRE(rng.next_u64() == ref.next());
+  }
+  // A seed given directly (emu round --rng ipu --seed S).
+  for (std::uint32_t v : {0u, 1u, 42u, 0xffffffffu}) {
+    ReferenceAox ref = ReferenceAox::from_seed(v);
+    emu::Rng rng = emu::Rng::ipu_from_prng_seed(v);
+    CHECK(rng.kind() == emu::RngKind::ipu);
+    for (int i = 0; i < 100; ++i) REQUIRE(rng.next_u64() == ref.next());
+  }
 }
 
 TEST_CASE("streams: same name, same numbers; any field changed, different numbers", "[rng]") {

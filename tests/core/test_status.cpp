@@ -195,6 +195,43 @@ TEST_CASE("overflow policies: inf (by direction), saturate, nan", "[status]") {
   auto saturate = context(emu::Rounding::rne, emu::Overflow::saturate);
   CHECK(saturate.convert(e4m3, 1000.0) == 448.0);
   CHECK(saturate.convert(e4m3, -kInf) == -448.0);
+  CHECK(saturate.status() == (emu::OFLO | emu::INEXACT));  // from the finite 1000; inf adds OFLO
+}
+
+TEST_CASE("fp8-e4m3 overflow and inf keep the sign in the NaN; flags tell overflow from inf", "[status]") {
+  // OCP 8-bit FP v1.0: E4M3 has no inf and the NaN pattern S.1111.111 for both signs.
+  // Overflow of a finite value raises OFLO and INEXACT (IEEE 754 7.4); an infinite
+  // operand has no value in the format and raises INV (emu/round.hpp).
+  const emu::Format& e4m3 = emu::fp8_e4m3();
+  struct Expect {
+    double x;
+    emu::Rounding mode;
+    std::uint64_t bits;
+    emu::Flags flags;
+  };
+  const Expect cases[] = {
+      {1000.0, emu::Rounding::rne, 0x7f, emu::OFLO | emu::INEXACT},
+      {-1000.0, emu::Rounding::rne, 0xff, emu::OFLO | emu::INEXACT},
+      {-464.0, emu::Rounding::rna, 0xff, emu::OFLO | emu::INEXACT},  // the tie, away: past max
+      {-1000.0, emu::Rounding::rd, 0xff, emu::OFLO | emu::INEXACT},  // toward -inf: the NaN
+      {-1000.0, emu::Rounding::ru, 0xfe, emu::OFLO | emu::INEXACT},  // toward zero: -448
+      {kInf, emu::Rounding::rne, 0x7f, emu::INV},
+      {-kInf, emu::Rounding::rne, 0xff, emu::INV},
+      {-kInf, emu::Rounding::rz, 0xff, emu::INV},  // not an overflow: no rounding direction
+  };
+  for (const Expect& e : cases) {
+    auto ctx = context(e.mode);
+    const double r = ctx.convert(e4m3, e.x);
+    INFO(e.x << " " << emu::rounding_name(e.mode));
+    CHECK(e4m3.encode(r) == e.bits);
+    CHECK(ctx.status() == e.flags);
+  }
+  // NaN on overflow (the IPU's NANOO) gives the one positive NaN for both signs, in every
+  // format (emu/status.hpp): fp16 0x7e00, e4m3 0x7f.
+  auto nanoo = context(emu::Rounding::rne, emu::Overflow::nan);
+  CHECK(emu::fp16().encode(nanoo.convert(emu::fp16(), -70000.0)) == 0x7e00);
+  CHECK(e4m3.encode(nanoo.convert(e4m3, -1000.0)) == 0x7f);
+  CHECK(nanoo.status() == (emu::OFLO | emu::INV | emu::INEXACT));
 }
 
 TEST_CASE("without subnormals tiny results flush to signed zero with UFLO", "[status]") {
@@ -209,6 +246,14 @@ TEST_CASE("without subnormals tiny results flush to signed zero with UFLO", "[st
   CHECK(with.status() == 0);
   CHECK(with.convert(emu::fp16(), 0x1.0000001p-15) == 0x1p-15);  // tiny and inexact: UFLO
   CHECK(with.status() == (emu::UFLO | emu::INEXACT));
+  // Tininess before rounding (emu/round.hpp, as Arm's FZ): 2^-14 - 2^-26 is below min
+  // normal 2^-14 although rne, ru and rna would round it up to 2^-14: it flushes.
+  for (emu::Rounding mode : {emu::Rounding::rne, emu::Rounding::rna, emu::Rounding::ru}) {
+    auto m = context(mode);
+    CHECK(is_pos_zero(m.convert(flush, 0x1p-14 - 0x1p-26)));
+    CHECK(m.status() == (emu::UFLO | emu::INEXACT));
+    CHECK(m.convert(emu::fp16(), 0x1p-14 - 0x1p-26) == 0x1p-14);  // with subnormals: rounds up
+  }
 }
 
 TEST_CASE("names of flags, modes, policies and rngs round-trip; bad names throw", "[status]") {

@@ -110,3 +110,44 @@ TEST_CASE("esr makes a context round stochastically; values on the grid stay exa
   CHECK(ctx.add(emu::fp16(), 1.0, 0x1p-10) == 1.0 + 0x1p-10);  // exact: no draw changes it
   CHECK(ctx.status() == 0);
 }
+
+TEST_CASE("sr_bits: the residual counts, also where it holds every discarded bit (fp64)", "[stochastic]") {
+  // fp64 sums of two doubles: the nearest double hi is one of the two fp64 neighbours and
+  // all the discarded fraction f lies in the residual lo. With k random bits the result
+  // is up iff the top k bits of the next 64-bit word are below floor(f 2^k) (the
+  // documented hardware rule, emu/round.hpp); the word is read from a copy of the rng.
+  struct Sum {
+    double a, b;
+    std::uint64_t f_num;  // f = f_num / 16 exactly
+  };
+  const Sum sums[] = {
+      {1.0, 0x1.4p-54, 5},   // 1 + 0.3125 ulp: hi = 1, lo > 0
+      {1.0, 0x1.8p-53, 12},  // 1 + 0.75 ulp: hi = 1 + ulp, lo < 0
+      {-4.0, -0x1.cp-51, 14},  // -(4 + 0.875 ulp): hi = -(4 + ulp), lo > 0 (toward zero)
+  };
+  for (const Sum& s : sums) {
+    for (int k : {1, 2, 3, 4, 5, 8, 33, 64}) {
+      emu::FpControl control;
+      control.rounding = emu::Rounding::sr;
+      control.sr_bits = k;
+      emu::Context ctx(control, emu::Rng(emu::StreamId{static_cast<std::uint64_t>(k), 9}));
+      // floor(f 2^k) = floor(f_num 2^k / 16), exactly, for k up to 64.
+      const unsigned __int128 threshold = (static_cast<unsigned __int128>(s.f_num) << k) >> 4;
+      const double down = s.a, away = std::nextafter(s.a, s.a > 0 ? HUGE_VAL : -HUGE_VAL);
+      long ups = 0;
+      for (int i = 0; i < 2000; ++i) {
+        emu::Rng copy = ctx.rng();
+        const std::uint64_t word = copy.next_u64();
+        const bool expect_up = (word >> (64 - k)) < threshold;
+        const double r = ctx.add(emu::fp64(), s.a, s.b);
+        INFO(s.a << " + " << s.b << " k " << k << " draw " << i);
+        REQUIRE(r == (expect_up ? away : down));
+        ups += expect_up;
+      }
+      // The predictions themselves follow floor(f 2^k) / 2^k (not a tautology: the words
+      // come from the generator).
+      const double p = static_cast<double>(threshold) / std::ldexp(1.0, k);
+      CHECK(std::fabs(ups / 2000.0 - p) <= 5 * std::sqrt(p * (1 - p) / 2000) + 1e-12);
+    }
+  }
+}
