@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "experiments/mlp.hpp"
+#include "tests/run_experiment.hpp"
 
 using namespace roundoff;
 using namespace roundoff::train;
@@ -244,4 +245,22 @@ TEST_CASE("inference in fp16 equals an independent binary16/float32 computation"
   const Evaluation e = mlp.evaluate(ctx, data);
   CHECK(e.loss == Approx(loss / static_cast<double>(n)).epsilon(1e-15));
   CHECK(e.accuracy == static_cast<double>(correct) / static_cast<double>(n));
+}
+
+TEST_CASE("grad_underflow keeps a bounded number of training runs and recomputes evicted ones alike",
+          "[train][grad_underflow]") {
+  auto run = [](double lr) {
+    return testing::run_experiment("grad_underflow", {{"samples", std::int64_t{40}}, {"epochs", std::int64_t{1}},
+                                                      {"width1", std::int64_t{4}}, {"batch", std::int64_t{8}},
+                                                      {"lr", lr}, {"format", std::string("fp8-e4m3")}})
+        .metrics;
+  };
+  const auto first = run(0.01);
+  for (int k = 1; k <= 2 * static_cast<int>(kGradientCacheRuns); ++k) {
+    (void)run(0.01 + 0.001 * k);  // a distinct training run each
+    CHECK(gradient_cache_size() <= kGradientCacheRuns);
+  }
+  const auto again = run(0.01);  // evicted long ago: recomputed
+  CHECK(again.at("frac_underflow") == first.at("frac_underflow"));
+  CHECK(again.at("frac_subnormal") == first.at("frac_subnormal"));
 }
