@@ -299,8 +299,8 @@ std::vector<std::string> names_of(const char* const (&list)[N]) {
 std::vector<ParamSpec> data_param_specs();
 // layers, width1, width2, epochs, batch, lr:
 std::vector<ParamSpec> run_param_specs();
-// The data and split, standardised; a data file that changed or vanished since
-// check_point accepted it throws BadInput.
+// The data and split, standardised. Repeats check_data_and_batch (cheap: files are
+// cached) and throws BadInput if a data file changed or vanished since check_point.
 std::shared_ptr<const data::Split> prepare_data(const Params& p, std::uint64_t seed);
 // check_point's part for data, test_fraction and batch: validates a data file (once per
 // path; see data::load_h5), and that both splits are non-empty and batch <= the

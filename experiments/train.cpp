@@ -94,6 +94,8 @@ std::vector<ParamSpec> run_param_specs() {
 }
 
 std::shared_ptr<const data::Split> prepare_data(const Params& p, std::uint64_t seed) {
+  // check_point accepted this point, but a data file may have changed or vanished since.
+  if (std::string problem = check_data_and_batch(p); !problem.empty()) throw BadInput(problem);
   const std::string& source = p.string("data");
   data::Split s;
   if (source == "synthetic" || source == "teacher") {
@@ -106,7 +108,7 @@ std::shared_ptr<const data::Split> prepare_data(const Params& p, std::uint64_t s
     try {
       file = data::load_h5(source);
     } catch (const std::invalid_argument& e) {
-      throw BadInput(e.what());  // the file changed or vanished after check_point accepted it
+      throw BadInput(e.what());  // changed again since the check above
     }
     s = data::split(*file, p.real("test_fraction"), seed);
   }
@@ -248,7 +250,8 @@ Experiment make_train() {
   e.params = data_param_specs();
   for (ParamSpec& s : run_param_specs()) e.params.push_back(std::move(s));
   const std::vector<ParamSpec> more = {
-      string_param("unit", "fp32-seq", "matrix unit for every matmul (input format = act_format)", {},
+      string_param("unit", "fp32-seq", "matrix unit for every matmul, training and evaluation (input format = act_format; a unit that "
+                   "does not take act_format is refused before any run)", {},
                    check_unit_name),
       string_param("update", "fp32",
                    "update strategy; fp32 = every tensor fp32 on fp32-seq, whatever the format and unit params say",
@@ -267,7 +270,9 @@ Experiment make_train() {
       string_param("master_format", "fp32", "fp32-master: the master copy and its update arithmetic", {},
                    check_format_name),
       string_param("loss_format", "fp32", "softmax, loss and loss gradient", {}, check_format_name),
-      bool_param("bn_fp32", false, "batch-norm arithmetic and parameters in fp32"),
+      bool_param("bn_fp32", false,
+                 "batch-norm arithmetic, parameters and running statistics in fp32 (false: in act_format forward, "
+                 "grad_format backward)"),
       loss_scale_param(),
       real_param("ls_init", 65536.0, "dynamic: initial loss scale", 0.0),
       int_param("ls_interval", 2000, "dynamic: clean steps before the scale grows", 1, 1e12),

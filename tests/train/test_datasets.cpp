@@ -142,6 +142,16 @@ TEST_CASE("a data file that goes bad after check_point is BadInput (exit 2), not
   const Params p = testing::params_with(*e, {{"data", path}, {"epochs", std::int64_t{1}}, {"batch", std::int64_t{8}},
                                              {"update", std::string("fp16-rn")}});
   CHECK(e->check_point(p) == "");
+  // Rewritten valid but smaller: 6 samples leave 5 for training, fewer than batch 8.
+  std::filesystem::last_write_time(path, std::filesystem::last_write_time(path) - std::chrono::seconds(5));
+  write_file("vanishing.h5", 6, 3, 2);
+  try {
+    (void)e->run(p, RunEnv{emu::StreamId{1, 0, 0, 0}});
+    FAIL("no error");
+  } catch (const BadInput& b) {
+    CHECK(std::string(b.what()).find("batch 8 is larger than the training split: 5 of the 6 samples") !=
+          std::string::npos);
+  }
   std::filesystem::remove(path);
   CHECK_THROWS_AS(e->run(p, RunEnv{emu::StreamId{1, 0, 0, 0}}), BadInput);
   std::ofstream(path) << "no longer HDF5\n";
