@@ -10,8 +10,8 @@
 #include <mutex>
 #include <numeric>
 #include <optional>
-#include <utility>
 #include <stdexcept>
+#include <utility>
 
 #include "emu/rng.hpp"
 
@@ -97,8 +97,9 @@ std::vector<hsize_t> open_dataset(const std::string& path, hid_t file, const cha
   out.id = H5Dopen2(file, name, H5P_DEFAULT);
   if (out.id < 0) bad_file(path, std::string("'") + name + "' is not a dataset");
   H5Handle type{H5Dget_type(out.id), H5Tclose};
-  const std::string expected = want == H5T_FLOAT ? "a 2-D float dataset [N, D] (float32; float16/64 are read as float32)"
-                                                 : "a 1-D integer dataset [N] of labels";
+  const std::string expected = want == H5T_FLOAT
+                                   ? "a 2-D float dataset [N, D] (float32; float16/64 are read as float32)"
+                                   : "a 1-D integer dataset [N] of labels";
   if (H5Tget_class(type.id) != want)
     bad_file(path, std::string("'") + name + "' must be " + expected + ", but its type is not " +
                        (want == H5T_FLOAT ? "float" : "integer"));

@@ -58,8 +58,8 @@ GradientCache& gradient_cache() {
 }
 
 // One training run per key, shared by parallel points; a run that throws is not cached.
-// At most kGradientCacheRuns entries: inserting one more forgets the least recently used (whoever
-// still waits on it keeps its shared_future).
+// At most kGradientCacheRuns entries: inserting one more forgets the least recently
+// used (whoever still waits on it keeps its shared_future).
 std::shared_ptr<const GradientSample> cached_gradients(const Params& p, const RunEnv& env) {
   std::string key = std::to_string(env.stream.seed) + "/" + std::to_string(env.stream.replica);
   for (const auto& [name, value] : p.values())
@@ -72,9 +72,10 @@ std::shared_ptr<const GradientSample> cached_gradients(const Params& p, const Ru
     const std::lock_guard<std::mutex> lock(cache.mutex);
     auto it = cache.entries.find(key);
     if (it == cache.entries.end()) {
-      if (cache.entries.size() >= kGradientCacheRuns)
-        cache.entries.erase(std::min_element(cache.entries.begin(), cache.entries.end(),
-                                             [](const auto& a, const auto& b) { return a.second.used < b.second.used; }));
+      if (cache.entries.size() >= kGradientCacheRuns) {
+        auto older = [](const auto& a, const auto& b) { return a.second.used < b.second.used; };
+        cache.entries.erase(std::min_element(cache.entries.begin(), cache.entries.end(), older));
+      }
       future = promise.get_future().share();
       cache.entries.emplace(key, GradientCache::Entry{future, ++cache.clock});
       compute = true;

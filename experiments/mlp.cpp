@@ -664,10 +664,6 @@ StepResult Trainer::step() {
   return result;
 }
 
-}  // namespace roundoff::train
-
-namespace roundoff::train {
-
 std::vector<const Param*> Trainer::all_params() const {
   std::vector<const Param*> all;
   for (const Param& p : model_->weights) all.push_back(&p);

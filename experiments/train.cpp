@@ -130,7 +130,8 @@ std::string check_data_and_batch(const Params& p) {
                          (source == "synthetic" || source == "teacher" ? "" : " in data file '" + source + "'");
   const std::size_t n_test = data::test_size(rows, p.real("test_fraction"));
   if (n_test < 1 || n_test >= rows)
-    return "test_fraction " + to_string(p.at("test_fraction")) + " of " + of + " leaves an empty training or test split";
+    return "test_fraction " + to_string(p.at("test_fraction")) + " of " + of +
+           " leaves an empty training or test split";
   const std::size_t n_train = rows - n_test;
   if (static_cast<std::size_t>(p.integer("batch")) > n_train)
     return "batch " + std::to_string(p.integer("batch")) + " is larger than the training split: " +
@@ -250,8 +251,10 @@ Experiment make_train() {
   e.params = data_param_specs();
   for (ParamSpec& s : run_param_specs()) e.params.push_back(std::move(s));
   const std::vector<ParamSpec> more = {
-      string_param("unit", "fp32-seq", "matrix unit for every matmul, training and evaluation (input format = act_format; a unit that "
-                   "does not take act_format is refused before any run)", {},
+      string_param("unit", "fp32-seq",
+                   "matrix unit for every matmul, training and evaluation (input format = act_format; a unit "
+                   "that does not take act_format is refused before any run)",
+                   {},
                    check_unit_name),
       string_param("update", "fp32",
                    "update strategy; fp32 = every tensor fp32 on fp32-seq, whatever the format and unit params say",

@@ -200,14 +200,16 @@ TEST_CASE("inference in fp16 equals an independent binary16/float32 computation"
       for (std::size_t j = 0; j < out; ++j) {
         float acc = l == 2 ? static_cast<float>(mlp.bias.value[j]) : 0.0f;
         for (std::size_t k = 0; k < in; ++k)
-          acc = std::fmaf(static_cast<float>(h[i * in + k]), static_cast<float>(mlp.weights[l].value[k * out + j]), acc);
+          acc = std::fmaf(static_cast<float>(h[i * in + k]), static_cast<float>(mlp.weights[l].value[k * out + j]),
+                          acc);
         z[i * out + j] = h16f(acc);
       }
     if (l < 2) {
       const _Float16 eps = h16(1e-5);
       for (std::size_t j = 0; j < out; ++j) {
         const _Float16 rm = h16(mlp.running_mean[l][j]), rv = h16(mlp.running_var[l][j]);
-        const _Float16 inv = h16f(1.0f / static_cast<float>(h16f(std::sqrt(static_cast<float>(h16f(float(rv) + float(eps)))))));
+        const _Float16 var_eps = h16f(float(rv) + float(eps));
+        const _Float16 inv = h16f(1.0f / static_cast<float>(h16f(std::sqrt(static_cast<float>(var_eps)))));
         for (std::size_t i = 0; i < n; ++i) {
           const _Float16 xhat = h16f(static_cast<float>(h16f(float(z[i * out + j]) - float(rm))) * float(inv));
           const _Float16 y = fma16(h16(mlp.gamma[l].value[j]), xhat, h16(mlp.beta[l].value[j]));
