@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
+#include <utility>
 
 #include "emu/rng.hpp"
 
@@ -35,6 +38,43 @@ Dataset make_synthetic(const SyntheticSpec& spec) {
   return d;
 }
 
+Dataset make_teacher(const SyntheticSpec& spec) {
+  if (spec.samples < 2 || spec.features < 1 || spec.classes < 2)
+    throw std::invalid_argument("teacher data needs samples >= 2, features >= 1, classes >= 2");
+  constexpr int kHidden = 64;
+  const std::size_t d = spec.features, c = spec.classes;
+  emu::Rng rng(emu::StreamId{spec.seed, 0, 0, 0x7eac});
+  std::vector<double> w1(d * kHidden), w2(kHidden * c);
+  for (double& w : w1) w = std::sqrt(2.0 / static_cast<double>(d)) * rng.normal();
+  for (double& w : w2) w = std::sqrt(1.0 / kHidden) * rng.normal();
+  Dataset out;
+  out.features = spec.features;
+  out.classes = spec.classes;
+  out.x.resize(static_cast<std::size_t>(spec.samples) * d);
+  out.y.resize(spec.samples);
+  std::vector<double> x(d), h(kHidden);
+  for (int i = 0; i < spec.samples; ++i) {
+    for (std::size_t j = 0; j < d; ++j) {
+      out.x[i * d + j] = static_cast<float>(rng.normal());
+      x[j] = out.x[i * d + j];
+    }
+    for (int k = 0; k < kHidden; ++k) {
+      double s = 0.0;
+      for (std::size_t j = 0; j < d; ++j) s += x[j] * w1[j * kHidden + k];
+      h[k] = std::max(s, 0.0);
+    }
+    int best = 0;
+    double best_logit = -std::numeric_limits<double>::infinity();
+    for (std::size_t k = 0; k < c; ++k) {
+      double s = 0.0;
+      for (int j = 0; j < kHidden; ++j) s += h[j] * w2[j * c + k];
+      if (s > best_logit) best_logit = s, best = static_cast<int>(k);
+    }
+    out.y[i] = best;
+  }
+  return out;
+}
+
 namespace {
 
 // Closes an HDF5 identifier when it goes out of scope.
@@ -57,19 +97,27 @@ std::vector<hsize_t> open_dataset(const std::string& path, hid_t file, const cha
   out.id = H5Dopen2(file, name, H5P_DEFAULT);
   if (out.id < 0) bad_file(path, std::string("'") + name + "' is not a dataset");
   H5Handle type{H5Dget_type(out.id), H5Tclose};
+  const std::string expected = want == H5T_FLOAT
+                                   ? "a 2-D float dataset [N, D] (float32; float16/64 are read as float32)"
+                                   : "a 1-D integer dataset [N] of labels";
   if (H5Tget_class(type.id) != want)
-    bad_file(path, std::string("dataset '") + name + "' must have " + (want == H5T_FLOAT ? "a float" : "an integer") +
-                       " type");
+    bad_file(path, std::string("'") + name + "' must be " + expected + ", but its type is not " +
+                       (want == H5T_FLOAT ? "float" : "integer"));
   H5Handle space{H5Dget_space(out.id), H5Sclose};
-  if (H5Sget_simple_extent_ndims(space.id) != rank)
-    bad_file(path, std::string("dataset '") + name + "' must have rank " + std::to_string(rank));
+  const int ndims = H5Sget_simple_extent_ndims(space.id);
+  if (ndims != rank)
+    bad_file(path, std::string("'") + name + "' must be " + expected + ", but it has " + std::to_string(ndims) +
+                       " dimension" + (ndims == 1 ? "" : "s"));
   std::vector<hsize_t> dims(rank);
   H5Sget_simple_extent_dims(space.id, dims.data(), nullptr);
   return dims;
 }
 
 Dataset read_h5(const std::string& path) {
-  if (!std::filesystem::exists(path)) bad_file(path, "no such file");
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (!std::filesystem::exists(status)) bad_file(path, "no such file");
+  if (std::filesystem::is_directory(status)) bad_file(path, "is a directory, not an HDF5 file");
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // errors become exceptions, not stderr noise
   if (H5Fis_hdf5(path.c_str()) <= 0) bad_file(path, "not an HDF5 file");
   H5Handle file{H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose};
@@ -86,11 +134,15 @@ Dataset read_h5(const std::string& path) {
   std::vector<long long> labels(ydims[0]);
   if (H5Dread(x.id, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, d.x.data()) < 0) bad_file(path, "cannot read x");
   if (H5Dread(y.id, H5T_NATIVE_LLONG, H5S_ALL, H5S_ALL, H5P_DEFAULT, labels.data()) < 0) bad_file(path, "cannot read y");
-  for (float v : d.x)
-    if (!std::isfinite(v)) bad_file(path, "x holds a non-finite value");
+  for (std::size_t i = 0; i < d.x.size(); ++i)
+    if (!std::isfinite(d.x[i]))
+      bad_file(path, "x[" + std::to_string(i / xdims[1]) + ", " + std::to_string(i % xdims[1]) +
+                         "] is not finite in float32 (NaN, inf, or beyond float32's range)");
   long long max_label = 0;
-  for (long long l : labels) {
-    if (l < 0 || l > 1'000'000) bad_file(path, "label " + std::to_string(l) + " out of range 0..1000000");
+  for (std::size_t i = 0; i < labels.size(); ++i) {
+    const long long l = labels[i];
+    if (l < 0 || l > 1'000'000)
+      bad_file(path, "y[" + std::to_string(i) + "] = " + std::to_string(l) + " is not a label in 0..1000000");
     max_label = std::max(max_label, l);
   }
   d.classes = static_cast<int>(max_label) + 1;
@@ -99,17 +151,50 @@ Dataset read_h5(const std::string& path) {
   return d;
 }
 
+// The file's size and modification time, or nullopt when it cannot be examined: a file
+// replaced or rewritten under the same path is read again.
+std::optional<std::pair<std::uintmax_t, std::filesystem::file_time_type>> identity(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return std::nullopt;
+  const std::uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec) return std::nullopt;
+  const auto time = std::filesystem::last_write_time(path, ec);
+  if (ec) return std::nullopt;
+  return std::make_pair(size, time);
+}
+
 }  // namespace
 
 std::shared_ptr<const Dataset> load_h5(const std::string& path) {
+  struct Entry {
+    std::pair<std::uintmax_t, std::filesystem::file_time_type> id;
+    std::shared_ptr<const Dataset> data;
+    std::uint64_t used;
+  };
+  constexpr std::size_t kMaxEntries = 4;
   static std::mutex mutex;
-  static std::map<std::string, std::shared_ptr<const Dataset>> cache;
+  static std::map<std::string, Entry> cache;
+  static std::uint64_t clock = 0;
   const std::lock_guard<std::mutex> lock(mutex);
+  const auto id = identity(path);
   auto it = cache.find(path);
-  if (it != cache.end()) return it->second;
-  auto d = std::make_shared<const Dataset>(read_h5(path));
-  cache.emplace(path, d);
+  if (it != cache.end() && id && it->second.id == *id) {
+    it->second.used = ++clock;
+    return it->second.data;
+  }
+  if (it != cache.end()) cache.erase(it);
+  auto d = std::make_shared<const Dataset>(read_h5(path));  // throws for a bad file: nothing cached
+  if (!id) return d;
+  if (cache.size() >= kMaxEntries)  // forget the least recently used file
+    cache.erase(std::min_element(cache.begin(), cache.end(), [](const auto& a, const auto& b) {
+      return a.second.used < b.second.used;
+    }));
+  cache.emplace(path, Entry{*id, d, ++clock});
   return d;
+}
+
+std::size_t test_size(std::size_t n, double test_fraction) {
+  return static_cast<std::size_t>(std::llround(test_fraction * static_cast<double>(n)));
 }
 
 Split split(const Dataset& d, double test_fraction, std::uint64_t seed) {
@@ -118,7 +203,7 @@ Split split(const Dataset& d, double test_fraction, std::uint64_t seed) {
   std::iota(order.begin(), order.end(), 0);
   emu::Rng rng(emu::StreamId{seed, 0, 0, 0x5b1});
   for (std::size_t i = n - 1; i > 0; --i) std::swap(order[i], order[rng.next_u64() % (i + 1)]);  // Fisher-Yates
-  const auto n_test = static_cast<std::size_t>(std::llround(test_fraction * static_cast<double>(n)));
+  const std::size_t n_test = test_size(n, test_fraction);
   if (n_test < 1 || n_test >= n) throw std::invalid_argument("test_fraction leaves an empty train or test split");
   Split s;
   for (Dataset* part : {&s.train, &s.test}) {

@@ -33,14 +33,28 @@ struct SyntheticSpec {
 };
 Dataset make_synthetic(const SyntheticSpec& spec);
 
-// An HDF5 file holding `x` [N, D] (float type; read as float32) and `y` [N] (integer
-// type, labels >= 0; classes = max + 1). Read once per path and cached (a mutex guards
-// the cache and the HDF5 library, which may be built without thread safety). A missing
-// or malformed file throws std::invalid_argument naming the path and the reason.
+// A fixed random teacher network: inputs drawn from N(0, 1) per feature, labelled by the
+// argmax of a random two-layer ReLU network (features -> 64 -> classes, weights
+// N(0, 2 / fan_in) and N(0, 1 / fan_in), no bias). `noise` is not used: the labels are
+// a deterministic function of the inputs, as a teacher defines them. Deterministic from
+// `seed` alone.
+Dataset make_teacher(const SyntheticSpec& spec);
+
+// An HDF5 file holding `x` [N, D] (a float type; float16/32/64 are read as float32, and
+// every value must be finite in float32) and `y` [N] (an integer type, labels 0..10^6;
+// classes = max + 1 >= 2), N >= 2, D >= 1. Read and validated once and then cached by
+// path while the file's size and modification time stay the same (the last 4 files are
+// kept; a mutex guards the cache and the HDF5 library, which may be built without
+// thread safety). A missing, unreadable or malformed file throws std::invalid_argument
+// "data file 'PATH': reason" (nothing is cached for it).
 std::shared_ptr<const Dataset> load_h5(const std::string& path);
 
-// A random permutation from `seed` puts round(test_fraction * N) samples in the test
-// split and the rest in the training split (same seed, same split).
+// The number of test samples split() takes from n: round(test_fraction * n).
+std::size_t test_size(std::size_t n, double test_fraction);
+
+// A random permutation from `seed` puts test_size(N, test_fraction) samples in the test
+// split and the rest in the training split (same seed, same split). Throws
+// std::invalid_argument when either split would be empty.
 Split split(const Dataset& d, double test_fraction, std::uint64_t seed);
 
 // Per-feature standardisation with the mean and standard deviation of the training

@@ -2,9 +2,13 @@
 // including batch-norm gammas), and the fraction of them that a cast into a low-precision
 // format after scaling by S turns into zero or inf/NaN: the figure behind loss scaling.
 // The training run depends on (seed, replica, data and run parameters) only, so it is
-// computed once and shared by every (format, scale) point.
-#include <map>
+// computed once and shared by the (format, scale) points that follow it. The cache keeps
+// the last kGradientCacheRuns runs (mlp.hpp; a few MB each), so memory stays bounded in
+// large sweeps; a run evicted before its last point is recomputed (the same result).
+#include <algorithm>
+#include <cstdint>
 #include <future>
+#include <map>
 #include <mutex>
 
 #include "mlp.hpp"
@@ -38,25 +42,46 @@ std::shared_ptr<const GradientSample> record_gradients(const Params& p, const Ru
   return sample;
 }
 
+struct GradientCache {
+  struct Entry {
+    std::shared_future<std::shared_ptr<const GradientSample>> future;
+    std::uint64_t used = 0;
+  };
+  std::mutex mutex;
+  std::map<std::string, Entry> entries;
+  std::uint64_t clock = 0;
+};
+
+GradientCache& gradient_cache() {
+  static GradientCache cache;
+  return cache;
+}
+
 // One training run per key, shared by parallel points; a run that throws is not cached.
+// At most kGradientCacheRuns entries: inserting one more forgets the least recently
+// used (whoever still waits on it keeps its shared_future).
 std::shared_ptr<const GradientSample> cached_gradients(const Params& p, const RunEnv& env) {
   std::string key = std::to_string(env.stream.seed) + "/" + std::to_string(env.stream.replica);
   for (const auto& [name, value] : p.values())
     if (name != "format" && name != "scale") key += "/" + name + "=" + to_string(value);
-  static std::mutex mutex;
-  static std::map<std::string, std::shared_future<std::shared_ptr<const GradientSample>>> cache;
+  GradientCache& cache = gradient_cache();
   std::promise<std::shared_ptr<const GradientSample>> promise;
   std::shared_future<std::shared_ptr<const GradientSample>> future;
   bool compute = false;
   {
-    const std::lock_guard<std::mutex> lock(mutex);
-    auto it = cache.find(key);
-    if (it == cache.end()) {
+    const std::lock_guard<std::mutex> lock(cache.mutex);
+    auto it = cache.entries.find(key);
+    if (it == cache.entries.end()) {
+      if (cache.entries.size() >= kGradientCacheRuns) {
+        auto older = [](const auto& a, const auto& b) { return a.second.used < b.second.used; };
+        cache.entries.erase(std::min_element(cache.entries.begin(), cache.entries.end(), older));
+      }
       future = promise.get_future().share();
-      cache.emplace(key, future);
+      cache.entries.emplace(key, GradientCache::Entry{future, ++cache.clock});
       compute = true;
     } else {
-      future = it->second;
+      it->second.used = ++cache.clock;
+      future = it->second.future;
     }
   }
   if (compute) {
@@ -64,8 +89,8 @@ std::shared_ptr<const GradientSample> cached_gradients(const Params& p, const Ru
       promise.set_value(record_gradients(p, env));
     } catch (...) {
       {
-        const std::lock_guard<std::mutex> lock(mutex);
-        cache.erase(key);
+        const std::lock_guard<std::mutex> lock(cache.mutex);
+        cache.entries.erase(key);
       }
       promise.set_exception(std::current_exception());
     }
@@ -113,11 +138,18 @@ Experiment make_grad_underflow() {
                "clamped at both ends), x = -41 exact zeros, x = 16 non-finite",
                "log2_bin"}};
   e.run = run_grad_underflow;
+  e.check_point = check_data_and_batch;
   return e;
 }
 
 const Registration registration{make_grad_underflow()};
 
 }  // namespace
+
+std::size_t gradient_cache_size() {
+  GradientCache& cache = gradient_cache();
+  const std::lock_guard<std::mutex> lock(cache.mutex);
+  return cache.entries.size();
+}
 
 }  // namespace roundoff::train

@@ -25,7 +25,6 @@ double round_constant(const emu::Format& f, double v) {
   return emu::round(f, v, emu::RoundSpec{}, nullptr, ignored);
 }
 
-constexpr double kBnEps = 1e-5;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 }  // namespace
@@ -81,8 +80,11 @@ void Updater::step(Param& p, std::int64_t t, double grad_divisor, double lr, emu
     bias1 = round_constant(ar, 1.0 - std::pow(opt_.beta1, static_cast<double>(t)));
     bias2 = round_constant(ar, 1.0 - std::pow(opt_.beta2, static_cast<double>(t)));
   }
+  const bool unscale_same = !formats_.unscale || *formats_.unscale == ar;
   for (std::size_t i = 0; i < p.value.size(); ++i) {
-    const double g = grad_divisor == 1.0 ? ctx.convert(ar, p.grad[i]) : ctx.div(ar, p.grad[i], grad_divisor);
+    const double g = grad_divisor == 1.0 ? ctx.convert(ar, p.grad[i])
+                     : unscale_same ? ctx.div(ar, p.grad[i], grad_divisor)
+                                    : ctx.convert(ar, ctx.div(*formats_.unscale, p.grad[i], grad_divisor));
     double direction = g;
     switch (opt_.kind) {
       case OptimizerKind::sgd: break;
@@ -101,7 +103,9 @@ void Updater::step(Param& p, std::int64_t t, double grad_divisor, double lr, emu
     }
     const double delta = ctx.mul(ar, lr, direction);
     double& w = p.value[i];
+    // The stored state before the update (see UpdateCounts), compared by value.
     const double before = rule_ == UpdateRule::fp32_master ? p.master[i] : w;
+    const double c_before = rule_ == UpdateRule::fp16_kahan ? p.compensation[i] : 0.0;
     switch (rule_) {
       case UpdateRule::fp32:
       case UpdateRule::fp16_rn: w = ctx.sub(ws, w, delta); break;
@@ -123,7 +127,8 @@ void Updater::step(Param& p, std::int64_t t, double grad_divisor, double lr, emu
     if (delta != 0.0 && std::isfinite(delta)) {
       ++counts.updates;
       const double after = rule_ == UpdateRule::fp32_master ? p.master[i] : w;
-      if (after == before) ++counts.lost;
+      const double c_after = rule_ == UpdateRule::fp16_kahan ? p.compensation[i] : 0.0;
+      if (after == before && c_after == c_before) ++counts.lost;
     }
   }
 }
@@ -198,6 +203,15 @@ Mlp::Mlp(int inputs, std::vector<int> hidden, int classes, ModelFormats formats,
   gamma.resize(n_layers - 1);
   beta.resize(n_layers - 1);
   layer_input_.resize(n_layers);
+  running_mean.resize(n_layers - 1);
+  running_var.resize(n_layers - 1);
+  for (int b = 0; b + 1 < n_layers; ++b) {
+    running_mean[b].assign(widths_[b + 1], 0.0);
+    running_var[b].assign(widths_[b + 1], 1.0);
+  }
+  momentum_ = round_constant(formats_.bn_fwd, kBnMomentum);
+  one_minus_momentum_ = round_constant(formats_.bn_fwd, 1.0 - kBnMomentum);
+  eps_ = round_constant(formats_.bn_fwd, kBnEps);
   xhat_.resize(n_layers - 1);
   inv_std_.resize(n_layers - 1);
   bn_out_.resize(n_layers - 1);
@@ -223,6 +237,26 @@ void Mlp::gemm(emu::Context& ctx, std::size_t m, std::size_t n, std::size_t k, c
 }
 
 namespace {
+
+// Softmax cross-entropy of one sample in the loss format `lf`: e[j] = exp(logit_j - max)
+// (emu has no exp or log: computed in fp64 and rounded once into lf), their sum, and the
+// loss lse - logit_label with lse = max + log(sum).
+struct SoftmaxTerms {
+  double loss, sum;
+};
+SoftmaxTerms softmax_terms(emu::Context& ctx, const emu::Format& lf, const double* logits, std::size_t classes,
+                           int label, std::vector<double>& e) {
+  double max = logits[0];
+  for (std::size_t j = 1; j < classes; ++j) max = std::max(max, logits[j]);
+  e.resize(classes);
+  double sum = 0.0;
+  for (std::size_t j = 0; j < classes; ++j) {
+    e[j] = ctx.convert(lf, std::exp(ctx.sub(lf, logits[j], max)));
+    sum = ctx.add(lf, sum, e[j]);
+  }
+  const double lse = ctx.add(lf, max, ctx.convert(lf, std::log(sum)));
+  return {ctx.sub(lf, lse, logits[label]), sum};
+}
 
 std::vector<double> transpose(const std::vector<double>& a, std::size_t rows, std::size_t cols) {
   std::vector<double> t(a.size());
@@ -272,7 +306,10 @@ double Mlp::forward_backward(emu::Context& ctx, const std::vector<double>& x, co
         squares = ctx.fma(bn, c, c, squares);
       }
       const double var = ctx.div(bn, squares, batch_size);
-      inv_std[j] = ctx.div(bn, 1.0, ctx.sqrt(bn, ctx.add(bn, var, round_constant(bn, kBnEps))));
+      inv_std[j] = ctx.div(bn, 1.0, ctx.sqrt(bn, ctx.add(bn, var, eps_)));
+      const double unbiased = batch > 1 ? ctx.div(bn, squares, batch_size - 1.0) : var;
+      running_mean[l][j] = ctx.fma(bn, one_minus_momentum_, running_mean[l][j], ctx.mul(bn, momentum_, mean));
+      running_var[l][j] = ctx.fma(bn, one_minus_momentum_, running_var[l][j], ctx.mul(bn, momentum_, unbiased));
       for (std::size_t i = 0; i < batch; ++i) {
         const std::size_t k = i * out + j;
         xhat[k] = ctx.mul(bn, ctx.sub(bn, z[k], mean), inv_std[j]);
@@ -290,21 +327,12 @@ double Mlp::forward_backward(emu::Context& ctx, const std::vector<double>& x, co
   const double scale_over_batch = round_constant(lf, loss_scale / batch_size);
   std::vector<double> dz(batch * classes);
   double loss_sum = 0.0;
+  std::vector<double> e;
   for (std::size_t i = 0; i < batch; ++i) {
-    const double* logits = &h[i * classes];
-    double max = logits[0];
-    for (std::size_t j = 1; j < classes; ++j) max = std::max(max, logits[j]);
-    std::vector<double> e(classes);
-    double sum = 0.0;
+    const SoftmaxTerms t = softmax_terms(ctx, lf, &h[i * classes], classes, y[i], e);
+    loss_sum = ctx.add(lf, loss_sum, t.loss);
     for (std::size_t j = 0; j < classes; ++j) {
-      // emu has no exp or log: computed in fp64 and rounded once into the loss format.
-      e[j] = ctx.convert(lf, std::exp(ctx.sub(lf, logits[j], max)));
-      sum = ctx.add(lf, sum, e[j]);
-    }
-    const double lse = ctx.add(lf, max, ctx.convert(lf, std::log(sum)));
-    loss_sum = ctx.add(lf, loss_sum, ctx.sub(lf, lse, logits[y[i]]));
-    for (std::size_t j = 0; j < classes; ++j) {
-      const double p = ctx.div(lf, e[j], sum);
+      const double p = ctx.div(lf, e[j], t.sum);
       const double d = ctx.sub(lf, p, static_cast<int>(j) == y[i] ? 1.0 : 0.0);
       dz[i * classes + j] = ctx.convert(f.grad, ctx.mul(lf, d, scale_over_batch));
     }
@@ -359,7 +387,61 @@ double Mlp::forward_backward(emu::Context& ctx, const std::vector<double>& x, co
   return loss;
 }
 
-Evaluation Mlp::evaluate(const data::Dataset& d) const {
+std::vector<double> Mlp::logits(emu::Context& ctx, const std::vector<double>& x) const {
+  const std::size_t rows = x.size() / static_cast<std::size_t>(inputs_);
+  const int n_layers = layers();
+  const ModelFormats& f = formats_;
+  std::vector<double> h = x;
+  for (int l = 0; l < n_layers; ++l) {
+    const std::size_t in = widths_[l], out = widths_[l + 1];
+    const bool last = l == n_layers - 1;
+    std::vector<double> z(rows * out, 0.0);
+    if (last)
+      for (std::size_t i = 0; i < rows; ++i)
+        for (std::size_t j = 0; j < out; ++j) z[i * out + j] = bias.value[j];
+    gemm(ctx, rows, out, in, h, weights[l].value, last ? f.act : f.bn_fwd, z);
+    if (last) return z;
+    // Batch norm with the running statistics in bn_fwd, output rounded into act, ReLU.
+    const emu::Format& bn = f.bn_fwd;
+    h.assign(rows * out, 0.0);
+    for (std::size_t j = 0; j < out; ++j) {
+      const double inv_std = ctx.div(bn, 1.0, ctx.sqrt(bn, ctx.add(bn, running_var[l][j], eps_)));
+      for (std::size_t i = 0; i < rows; ++i) {
+        const std::size_t k = i * out + j;
+        const double xhat = ctx.mul(bn, ctx.sub(bn, z[k], running_mean[l][j]), inv_std);
+        const double bn_y = ctx.fma(f.act, gamma[l].value[j], xhat, beta[l].value[j]);
+        h[k] = bn_y > 0 || std::isnan(bn_y) ? bn_y : 0.0;  // ReLU (NaN propagates)
+      }
+    }
+  }
+  return h;  // not reached: the last layer returns
+}
+
+Evaluation Mlp::evaluate(emu::Context& ctx, const data::Dataset& d) const {
+  constexpr std::size_t kChunk = 256;  // rows per pass, to bound memory (rows are independent)
+  const std::size_t n = d.size(), features = inputs_, classes = classes_;
+  double loss_sum = 0.0;
+  std::size_t correct = 0;
+  std::vector<double> e;
+  for (std::size_t first = 0; first < n; first += kChunk) {
+    const std::size_t rows = std::min(kChunk, n - first);
+    std::vector<double> x(rows * features);
+    for (std::size_t k = 0; k < x.size(); ++k) x[k] = ctx.convert(formats_.act, d.x[first * features + k]);
+    const std::vector<double> z = logits(ctx, x);
+    for (std::size_t i = 0; i < rows; ++i) {
+      const double* row = &z[i * classes];
+      const int label = d.y[first + i];
+      loss_sum += softmax_terms(ctx, formats_.loss, row, classes, label, e).loss;
+      bool all_finite = true;
+      for (std::size_t j = 0; j < classes; ++j) all_finite = all_finite && std::isfinite(row[j]);
+      const auto best = std::max_element(row, row + classes) - row;
+      if (all_finite && best == label) ++correct;
+    }
+  }
+  return Evaluation{loss_sum / static_cast<double>(n), static_cast<double>(correct) / static_cast<double>(n)};
+}
+
+Evaluation Mlp::evaluate_fp64(const data::Dataset& d) const {
   const std::size_t n = d.size();
   std::vector<double> h(d.x.begin(), d.x.end());
   const int n_layers = layers();
@@ -455,14 +537,23 @@ Trainer::Trainer(const TrainSpec& spec, std::shared_ptr<const data::Split> data,
     const emu::Format arith = spec.rule == UpdateRule::fp32_master ? master : storage;
     weight_formats = ParamFormats{storage, arith, format_or(spec.state_format, arith), master};
   }
+  // The unscaling format of a tensor whose gradient is computed in `computed`.
+  auto unscale_format = [&](const emu::Format& computed) -> std::optional<emu::Format> {
+    if (spec.unscale_format == "fp32") return emu::fp32();
+    if (spec.unscale_format == "compute") return computed;
+    if (spec.unscale_format == "auto") return std::nullopt;
+    throw std::invalid_argument("unknown unscale_format '" + spec.unscale_format + "'");
+  };
+  weight_formats.unscale = unscale_format(formats_.grad);
   // The baseline computes plain fp32 sequential dot products whatever `unit` says.
   unit_ = baseline ? emu::make_unit(emu::UnitKind::fp32_seq, emu::fp32(), emu::fp32())
                    : emu::make_unit(emu::unit_kind_by_name(spec.unit), formats_.act);
   weight_updater_ = std::make_unique<Updater>(spec.rule, spec.optimizer, weight_formats);
-  bn_updater_ = (spec.bn_fp32 && !baseline)
-                    ? std::make_unique<Updater>(UpdateRule::fp32, spec.optimizer,
-                                                ParamFormats{emu::fp32(), emu::fp32(), emu::fp32(), emu::fp32()})
-                    : std::make_unique<Updater>(spec.rule, spec.optimizer, weight_formats);
+  ParamFormats bn_formats = weight_formats;
+  if (spec.bn_fp32 && !baseline)
+    bn_formats = ParamFormats{emu::fp32(), emu::fp32(), emu::fp32(), emu::fp32(), unscale_format(formats_.bn_bwd)};
+  bn_updater_ = std::make_unique<Updater>(spec.bn_fp32 && !baseline ? UpdateRule::fp32 : spec.rule, spec.optimizer,
+                                          bn_formats);
 
   const data::Dataset& train = data_->train;
   model_ = std::make_unique<Mlp>(train.features, spec.hidden, train.classes, formats_, *unit_);
@@ -487,6 +578,8 @@ Trainer::Trainer(const TrainSpec& spec, std::shared_ptr<const data::Split> data,
     layer_names_.push_back(std::string("bn").append(std::to_string(b + 1)));
     layer_params_.push_back(&m.gamma[b]);
   }
+  for (const Param* p : all_params())
+    initial_state_.push_back(p->master.empty() ? p->value : p->master);
   run_stats.resize(layer_names_.size());
   window_stats.resize(layer_names_.size());
 
@@ -544,7 +637,9 @@ StepResult Trainer::step() {
     const emu::Format& ar = u.formats().arith;
     double lr, divisor = 1.0;
     if (spec_.unscale_lr) {
-      lr = ctx_.div(ar, spec_.lr, scale_);
+      // lr / S rounded once into the unscaling format, then into the update arithmetic's.
+      const std::optional<emu::Format>& un = u.formats().unscale;
+      lr = !un || *un == ar ? ctx_.div(ar, spec_.lr, scale_) : ctx_.convert(ar, ctx_.div(*un, spec_.lr, scale_));
       if (track_lr) {
         const double exact = spec_.lr / scale_;
         effective_lr_ = lr;
@@ -567,6 +662,38 @@ StepResult Trainer::step() {
     clean_run_ = 0;
   }
   return result;
+}
+
+std::vector<const Param*> Trainer::all_params() const {
+  std::vector<const Param*> all;
+  for (const Param& p : model_->weights) all.push_back(&p);
+  all.push_back(&model_->bias);
+  for (const Param& p : model_->gamma) all.push_back(&p);
+  for (const Param& p : model_->beta) all.push_back(&p);
+  return all;
+}
+
+double Trainer::frac_values_changed() const {
+  const std::vector<const Param*> all = all_params();
+  std::uint64_t values = 0, changed = 0;
+  for (std::size_t t = 0; t < all.size(); ++t) {
+    const std::vector<double>& now = all[t]->master.empty() ? all[t]->value : all[t]->master;
+    for (std::size_t i = 0; i < now.size(); ++i) {
+      ++values;
+      if (!(now[i] == initial_state_[t][i])) ++changed;  // NaN counts as changed
+    }
+  }
+  return values ? static_cast<double>(changed) / static_cast<double>(values) : 0.0;
+}
+
+Evaluation Trainer::evaluate_train() const {
+  emu::Context ctx;
+  return model_->evaluate(ctx, data_->train);
+}
+
+Evaluation Trainer::evaluate_test() const {
+  emu::Context ctx;
+  return model_->evaluate(ctx, data_->test);
 }
 
 }  // namespace roundoff::train

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,6 +48,8 @@ struct ParamFormats {
   emu::Format arith;    // optimiser arithmetic and the update product lr * direction
   emu::Format state;    // optimiser state (momentum buffer, adam m and v)
   emu::Format master;   // fp32-master's master copy
+  // Where a division by the loss scale is rounded; nullopt = arith.
+  std::optional<emu::Format> unscale = std::nullopt;
 };
 
 struct Param {
@@ -57,14 +60,19 @@ struct Param {
   std::vector<double> grad;          // the gradient as backward left it (times the loss scale)
 };
 
-// Non-zero weight updates, and those lost to swamping (the stored weight, or for
-// fp32-master the master weight, did not change).
+// Non-zero finite weight updates, and those lost: the update left the stored state of the
+// weight unchanged, i.e. the weight for fp32, fp16-rn and fp16-sr, the master weight for
+// fp32-master (the compute copy is derived from it), and the weight AND its compensation
+// for fp16-kahan (a step that only moves the compensation buffer is kept there and will
+// reach the weight later, so it is not lost). Swamping is what loses them.
 struct UpdateCounts {
   std::uint64_t updates = 0, lost = 0;
 };
 
-// One optimiser and update rule for one tensor. Per element, with g = grad / divisor
-// rounded into `arith` (a division when unscaling gradients, else a conversion):
+// One optimiser and update rule for one tensor. Per element, g is the gradient in `arith`:
+// with divisor 1 grad is converted (rounded) into `arith`; otherwise grad / divisor is
+// rounded once into the unscaling format (formats.unscale) and then converted into `arith`
+// (exact when `arith` is at least as wide):
 //  sgd:      d = g
 //  momentum: m = fma(mu, m, g) into `state`; d = m
 //  adam:     m = fma(b1, m, (1-b1) g), v = fma(b2, v, (1-b2) g g) into `state`;
@@ -114,10 +122,14 @@ struct Evaluation {
   double loss = 0.0, accuracy = 0.0;
 };
 
+// Batch norm: eps = 1e-5; running statistics updated as PyTorch does, with momentum 0.1.
+inline constexpr double kBnEps = 1e-5, kBnMomentum = 0.1;
+
 // Linear -> BatchNorm -> ReLU per hidden width, then Linear (with bias) and softmax
-// cross-entropy. Hidden Linears have no bias (batch norm's beta replaces it). Batch
-// norm runs in training mode: it normalises with the statistics of the batch at hand
-// (there are no running averages), eps = 1e-5.
+// cross-entropy. Hidden Linears have no bias (batch norm's beta replaces it).
+// Training mode (forward_backward) normalises with the statistics of the batch at hand
+// and updates the running statistics; inference mode (logits, evaluate) normalises with
+// the running statistics, as frameworks evaluate a model.
 class Mlp {
  public:
   Mlp(int inputs, std::vector<int> hidden, int classes, ModelFormats formats, const emu::MatrixUnit& unit);
@@ -128,13 +140,28 @@ class Mlp {
   // and returns the mean batch loss as computed in the loss format.
   double forward_backward(emu::Context& ctx, const std::vector<double>& x, const std::vector<int>& y,
                           double loss_scale);
+  // Inference: the logits (rows x classes, values of the act format) of x (rows of
+  // `inputs` values of the act format) in the model's own arithmetic: every matmul
+  // through the unit, batch norm in inference mode in bn_fwd, y = fma(gamma, (z - mean)
+  // * (1 / sqrt(var + eps)), beta) rounded into act, with the running mean and variance.
+  std::vector<double> logits(emu::Context& ctx, const std::vector<double>& x) const;
+  // Inference on a whole set in the model's arithmetic: inputs rounded into the act
+  // format, logits(), then per sample the cross-entropy as training computes it (loss
+  // format; exp and log in fp64 rounded once) averaged in fp64, and accuracy = share of
+  // samples whose logits are all finite with the first largest at the label.
+  Evaluation evaluate(emu::Context& ctx, const data::Dataset& d) const;
   // The parameters' current values in fp64 arithmetic on a whole set, batch norm with the
-  // statistics of the whole set.
-  Evaluation evaluate(const data::Dataset& d) const;
+  // statistics of the whole set (no running statistics, nothing rounded).
+  Evaluation evaluate_fp64(const data::Dataset& d) const;
 
   std::vector<Param> weights;  // layer l: inputs x outputs, row-major
   Param bias;                  // of the last layer
   std::vector<Param> gamma, beta;  // per hidden layer
+  // Per hidden layer, values of bn_fwd: starting at 0 and 1, after each training-mode
+  // forward pass r = fma(1 - momentum, r, momentum * s) in bn_fwd with s the batch mean,
+  // or the batch variance with Bessel's correction (sum of squares / (B - 1); B = 1:
+  // the biased variance 0) for running_var.
+  std::vector<std::vector<double>> running_mean, running_var;
 
  private:
   void gemm(emu::Context& ctx, std::size_t m, std::size_t n, std::size_t k, const std::vector<double>& a,
@@ -144,6 +171,7 @@ class Mlp {
   std::vector<int> widths_;  // inputs, hidden..., classes
   ModelFormats formats_;
   const emu::MatrixUnit& unit_;
+  double momentum_, one_minus_momentum_, eps_;  // rounded into bn_fwd
   // Saved by the forward pass for the backward pass, per layer.
   std::vector<std::vector<double>> layer_input_, xhat_, inv_std_, bn_out_;
 };
@@ -165,7 +193,14 @@ struct TrainSpec {
   std::int64_t scale_interval = 2000;
   double scale_growth = 2.0, scale_backoff = 0.5;
   bool unscale_lr = false;  // fold 1/S into the learning rate instead of dividing gradients
+  // Where the division by S (of each gradient, or of the learning rate) is rounded before
+  // the result is converted into the update arithmetic's format: "auto" = that format
+  // itself (fp32 for fp32 and fp32-master, the weight format for fp16-*), "fp32", or
+  // "compute" = the format the gradient was computed in (grad_format; fp32 for batch-norm
+  // parameters under bn_fp32).
+  std::string unscale_format = "auto";
 };
+inline constexpr const char* kUnscaleFormatNames[] = {"auto", "fp32", "compute"};
 
 // Parses `loss_scale`: "none", "dynamic" or a positive number. Throws std::invalid_argument.
 void parse_loss_scale(const std::string& text, TrainSpec& spec);
@@ -211,14 +246,21 @@ class Trainer {
   // (1 = underflow to zero).
   double effective_lr() const { return effective_lr_; }
   double effective_lr_error_max() const { return effective_lr_error_max_; }
+  // Sticky FP status of the training steps (evaluation has its own context).
   emu::Flags flags() const { return ctx_.status() | sr_ctx_.status(); }
   // Gradient statistics per layer over all applied steps, and over a window the caller
   // resets (e.g. at the start of the last epoch).
   std::vector<GradStats> run_stats, window_stats;
   void reset_window() { window_stats.assign(window_stats.size(), GradStats{}); }
 
-  Evaluation evaluate_train() const { return model_->evaluate(data_->train); }
-  Evaluation evaluate_test() const { return model_->evaluate(data_->test); }
+  // The model as it would be deployed: inference in its own arithmetic (Mlp::evaluate).
+  Evaluation evaluate_train() const;
+  Evaluation evaluate_test() const;
+  Evaluation evaluate_train_fp64() const { return model_->evaluate_fp64(data_->train); }
+  Evaluation evaluate_test_fp64() const { return model_->evaluate_fp64(data_->test); }
+  // Fraction of the trainable values (Linear weights, bias, batch-norm gamma and beta)
+  // whose stored state (the master copy for fp32-master) differs from its initial value.
+  double frac_values_changed() const;
 
  private:
   TrainSpec spec_;
@@ -236,6 +278,8 @@ class Trainer {
   UpdateCounts counts_;
   std::vector<std::string> layer_names_;
   std::vector<const Param*> layer_params_;
+  std::vector<std::vector<double>> initial_state_;  // per trainable tensor, see frac_values_changed
+  std::vector<const Param*> all_params() const;
 };
 
 // The fraction of non-zero finite values that a cast into `f` after scaling by `scale`
@@ -255,7 +299,18 @@ std::vector<std::string> names_of(const char* const (&list)[N]) {
 std::vector<ParamSpec> data_param_specs();
 // layers, width1, width2, epochs, batch, lr:
 std::vector<ParamSpec> run_param_specs();
+// The data and split, standardised. Repeats check_data_and_batch (cheap: files are
+// cached) and throws BadInput if a data file changed or vanished since check_point.
 std::shared_ptr<const data::Split> prepare_data(const Params& p, std::uint64_t seed);
+// check_point's part for data, test_fraction and batch: validates a data file (once per
+// path; see data::load_h5), and that both splits are non-empty and batch <= the
+// training split. "" when fine, else one line naming the file or parameter.
+std::string check_data_and_batch(const Params& p);
 void read_run_params(const Params& p, TrainSpec& spec);
+
+// grad_underflow keeps the gradients of its last few training runs (replicas of a point
+// run in parallel; consecutive points that differ only in format and scale share one).
+inline constexpr std::size_t kGradientCacheRuns = 8;
+std::size_t gradient_cache_size();  // runs cached now (tests)
 
 }  // namespace roundoff::train

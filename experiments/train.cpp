@@ -2,7 +2,10 @@
 // strategies, optimisers, loss scaling and per-tensor formats (see experiments/mlp.hpp).
 #include <cmath>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <stdexcept>
+#include <utility>
 
 #include "mlp.hpp"
 
@@ -31,6 +34,30 @@ std::string check_loss_scale(const ParamValue& v) {
   return "";
 }
 
+ParamSpec loss_scale_param() {
+  ParamSpec spec = string_param("loss_scale", "none",
+                                "none, a constant S (a positive number, quoted or not: 128 or \"128\"), or dynamic",
+                                {}, check_loss_scale);
+  spec.numbers_as_text = true;
+  return spec;
+}
+
+// "" when the unit takes act_format as its input format, else why not (asked of emu).
+std::string check_unit_accepts(const std::string& unit, const std::string& act_format) {
+  static std::mutex mutex;
+  static std::map<std::pair<std::string, std::string>, std::string> answers;  // few distinct pairs per sweep
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(unit, act_format);
+  if (auto it = answers.find(key); it != answers.end()) return it->second;
+  std::string answer;
+  try {
+    (void)emu::make_unit(emu::unit_kind_by_name(unit), emu::format_by_name(act_format));
+  } catch (const std::invalid_argument& e) {
+    answer = "unit " + unit + " does not accept act_format " + act_format + " (its matmul input format): " + e.what();
+  }
+  return answers.emplace(key, answer).first->second;
+}
+
 std::vector<std::string> layer_names() {
   std::vector<std::string> names;
   for (int l = 1; l <= kMaxLayers; ++l) names.push_back("l" + std::to_string(l));
@@ -43,11 +70,14 @@ std::vector<std::string> layer_names() {
 std::vector<ParamSpec> data_param_specs() {
   return {
       string_param("data", "synthetic",
-                   "'synthetic' (Gaussian clusters from the seed) or an HDF5 file with x [N, D] float and y [N] int"),
-      int_param("samples", 2048, "synthetic: number of samples", 20, 1e7),
-      int_param("features", 32, "synthetic: input dimension", 1, 1e5),
-      int_param("classes", 10, "synthetic: number of classes", 2, 1000),
-      real_param("noise", 1.5, "synthetic: standard deviation of samples around their class centre", 0.0),
+                   "'synthetic' (Gaussian clusters from the seed), 'teacher' (N(0,1) inputs labelled by a fixed "
+                   "random ReLU network from the seed), or the path of an HDF5 file (relative to sweep's current "
+                   "directory) with x [N, D] float32 and y [N] integer labels >= 0, checked before any run"),
+      int_param("samples", 2048, "synthetic and teacher: number of samples", 20, 1e7),
+      int_param("features", 32, "synthetic and teacher: input dimension", 1, 1e5),
+      int_param("classes", 10, "synthetic and teacher: number of classes", 2, 1000),
+      real_param("noise", 1.5, "synthetic: standard deviation of samples around their class centre (teacher: unused)",
+                 0.0),
       real_param("test_fraction", 0.2, "share of samples held out for testing (a fixed split per seed)", 0.01, 0.99),
   };
 }
@@ -64,17 +94,49 @@ std::vector<ParamSpec> run_param_specs() {
 }
 
 std::shared_ptr<const data::Split> prepare_data(const Params& p, std::uint64_t seed) {
+  // check_point accepted this point, but a data file may have changed or vanished since.
+  if (std::string problem = check_data_and_batch(p); !problem.empty()) throw BadInput(problem);
   const std::string& source = p.string("data");
   data::Split s;
-  if (source == "synthetic") {
+  if (source == "synthetic" || source == "teacher") {
     data::SyntheticSpec spec{static_cast<int>(p.integer("samples")), static_cast<int>(p.integer("features")),
                              static_cast<int>(p.integer("classes")), p.real("noise"), seed};
-    s = data::split(data::make_synthetic(spec), p.real("test_fraction"), seed);
+    s = data::split(source == "teacher" ? data::make_teacher(spec) : data::make_synthetic(spec),
+                    p.real("test_fraction"), seed);
   } else {
-    s = data::split(*data::load_h5(source), p.real("test_fraction"), seed);
+    std::shared_ptr<const data::Dataset> file;
+    try {
+      file = data::load_h5(source);
+    } catch (const std::invalid_argument& e) {
+      throw BadInput(e.what());  // changed again since the check above
+    }
+    s = data::split(*file, p.real("test_fraction"), seed);
   }
   data::standardise(s);
   return std::make_shared<const data::Split>(std::move(s));
+}
+
+std::string check_data_and_batch(const Params& p) {
+  const std::string& source = p.string("data");
+  std::size_t rows = static_cast<std::size_t>(p.integer("samples"));
+  if (source != "synthetic" && source != "teacher") {
+    try {
+      rows = data::load_h5(source)->size();  // validates the layout; cached by path
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+  }
+  const std::string of = "the " + std::to_string(rows) + " samples" +
+                         (source == "synthetic" || source == "teacher" ? "" : " in data file '" + source + "'");
+  const std::size_t n_test = data::test_size(rows, p.real("test_fraction"));
+  if (n_test < 1 || n_test >= rows)
+    return "test_fraction " + to_string(p.at("test_fraction")) + " of " + of +
+           " leaves an empty training or test split";
+  const std::size_t n_train = rows - n_test;
+  if (static_cast<std::size_t>(p.integer("batch")) > n_train)
+    return "batch " + std::to_string(p.integer("batch")) + " is larger than the training split: " +
+           std::to_string(n_train) + " of " + of + " (test_fraction " + to_string(p.at("test_fraction")) + ")";
+  return "";
 }
 
 void read_run_params(const Params& p, TrainSpec& spec) {
@@ -110,6 +172,7 @@ RunResult run_train(const Params& p, const RunEnv& env) {
   spec.scale_growth = p.real("ls_growth");
   spec.scale_backoff = p.real("ls_backoff");
   spec.unscale_lr = p.string("unscale") == "lr";
+  spec.unscale_format = p.string("unscale_format");
   const std::int64_t hist_every = p.integer("hist_every");
 
   Trainer trainer(spec, prepare_data(p, env.stream.seed), env.stream.seed, env.stream.replica,
@@ -142,11 +205,17 @@ RunResult run_train(const Params& p, const RunEnv& env) {
       result.traces["grad_hist_" + trainer.layer_names()[l]] = std::move(hist_traces[l]);
 
   const Evaluation train_eval = trainer.evaluate_train(), test_eval = trainer.evaluate_test();
+  const Evaluation train64 = trainer.evaluate_train_fp64(), test64 = trainer.evaluate_test_fp64();
   auto& m = result.metrics;
   m["final_train_loss"] = train_eval.loss;
   m["final_train_acc"] = train_eval.accuracy;
   m["final_test_loss"] = test_eval.loss;
   m["final_test_acc"] = test_eval.accuracy;
+  m["final_train_loss_fp64"] = train64.loss;
+  m["final_train_acc_fp64"] = train64.accuracy;
+  m["final_test_loss_fp64"] = test64.loss;
+  m["final_test_acc_fp64"] = test64.accuracy;
+  m["frac_values_changed"] = trainer.frac_values_changed();
   m["steps"] = static_cast<double>(total);
   m["skipped_steps"] = static_cast<double>(trainer.skipped_steps());
   m["final_loss_scale"] = trainer.loss_scale();
@@ -182,7 +251,10 @@ Experiment make_train() {
   e.params = data_param_specs();
   for (ParamSpec& s : run_param_specs()) e.params.push_back(std::move(s));
   const std::vector<ParamSpec> more = {
-      string_param("unit", "fp32-seq", "matrix unit for every matmul (input format = act_format)", {},
+      string_param("unit", "fp32-seq",
+                   "matrix unit for every matmul, training and evaluation (input format = act_format; a unit "
+                   "that does not take act_format is refused before any run)",
+                   {},
                    check_unit_name),
       string_param("update", "fp32",
                    "update strategy; fp32 = every tensor fp32 on fp32-seq, whatever the format and unit params say",
@@ -201,25 +273,51 @@ Experiment make_train() {
       string_param("master_format", "fp32", "fp32-master: the master copy and its update arithmetic", {},
                    check_format_name),
       string_param("loss_format", "fp32", "softmax, loss and loss gradient", {}, check_format_name),
-      bool_param("bn_fp32", false, "batch-norm arithmetic and parameters in fp32"),
-      string_param("loss_scale", "none", "none, a constant S, or dynamic", {}, check_loss_scale),
+      bool_param("bn_fp32", false,
+                 "batch-norm arithmetic, parameters and running statistics in fp32 (false: in act_format forward, "
+                 "grad_format backward)"),
+      loss_scale_param(),
       real_param("ls_init", 65536.0, "dynamic: initial loss scale", 0.0),
       int_param("ls_interval", 2000, "dynamic: clean steps before the scale grows", 1, 1e12),
       real_param("ls_growth", 2.0, "dynamic: growth factor", 1.0),
       real_param("ls_backoff", 0.5, "dynamic: back-off factor on inf/NaN", 0.0, 1.0),
       string_param("unscale", "grads", "divide gradients by S, or fold 1/S into the learning rate", {"grads", "lr"}),
+      string_param("unscale_format", "auto",
+                   "format the division by S (of each gradient, or of lr under unscale: lr) is rounded in before "
+                   "the result goes into the update arithmetic: auto = the update arithmetic's format (fp32 for "
+                   "fp32-master, the weight format for fp16-*), fp32, or compute = the gradient's own format "
+                   "(grad_format; fp32 for batch-norm parameters under bn_fp32)",
+                   names_of(kUnscaleFormatNames)),
       int_param("hist_every", 0, "record gradient histograms every k steps (0 = never)", 0, 1e9),
   };
   e.params.insert(e.params.end(), more.begin(), more.end());
+  const std::string in_model =
+      " of the final model in its own arithmetic (matmuls through the unit in act_format, batch norm in inference "
+      "mode with its running statistics in the batch-norm format, logits in act_format, cross-entropy in "
+      "loss_format; the mean over samples in fp64)";
+  const std::string in_fp64 =
+      " of the final weights in fp64 arithmetic, batch norm normalising with the evaluated split's own statistics "
+      "(no running statistics; nothing rounded)";
   e.metrics = {
-      {"final_train_loss", "mean cross-entropy on the training split, fp64 evaluation of the final weights"},
-      {"final_train_acc", "accuracy on the training split"},
-      {"final_test_loss", "mean cross-entropy on the test split"},
-      {"final_test_acc", "accuracy on the test split"},
+      {"final_train_loss", "mean cross-entropy on the training split" + in_model},
+      {"final_train_acc", "accuracy on the training split" + in_model + "; samples with a non-finite logit count "
+                          "as wrong"},
+      {"final_test_loss", "mean cross-entropy on the test split" + in_model},
+      {"final_test_acc", "accuracy on the test split" + in_model + "; samples with a non-finite logit count as "
+                         "wrong"},
+      {"final_train_loss_fp64", "mean cross-entropy on the training split" + in_fp64},
+      {"final_train_acc_fp64", "accuracy on the training split" + in_fp64},
+      {"final_test_loss_fp64", "mean cross-entropy on the test split" + in_fp64},
+      {"final_test_acc_fp64", "accuracy on the test split" + in_fp64},
       {"steps", "optimiser steps attempted"},
       {"skipped_steps", "steps skipped by dynamic loss scaling (inf/NaN in a gradient)"},
       {"final_loss_scale", "loss scale after the last step (1 without loss scaling)"},
-      {"frac_lost_updates", "non-zero weight updates that left the weight unchanged (swamping)"},
+      {"frac_lost_updates", "non-zero finite updates (all parameters, all applied steps) that left the stored state "
+                            "unchanged: the weight (fp32, fp16-rn, fp16-sr), the master weight (fp32-master), or "
+                            "both the weight and its compensation (fp16-kahan); swamping"},
+      {"frac_values_changed", "fraction of all trainable values (weights, bias, gamma, beta) whose stored state "
+                              "(master copy for fp32-master) differs from its initial value at the end; 0 = the "
+                              "model never moved"},
       {"effective_lr", "learning rate as the weight update arithmetic held it in the last step (lr/S for unscale: lr)"},
       {"effective_lr_rel_err", "largest relative rounding error of lr/S in the update format (1 = underflow to 0)"},
       {"frac_nonfinite_weights", "fraction of final Linear weights that are inf or NaN"},
@@ -242,7 +340,11 @@ Experiment make_train() {
   e.check_point = [](const Params& p) -> std::string {
     if (p.string("optimizer") == "adam" && p.string("unscale") == "lr")
       return "unscale: lr does not apply to adam (its step m/sqrt(v) does not scale with the gradient)";
-    return "";
+    if (p.string("update") != "fp32") {  // the baseline ignores unit and formats
+      if (std::string problem = check_unit_accepts(p.string("unit"), p.string("act_format")); !problem.empty())
+        return problem;
+    }
+    return check_data_and_batch(p);
   };
   return e;
 }

@@ -92,7 +92,8 @@ Experiment make_updates() {
   };
   e.metrics = {
       {"drift", "sum |w - w_fp64| / sum |w_fp64 - w0| at the end (1 = as if no update happened)"},
-      {"frac_lost", "non-zero updates that left the weight unchanged (master weight for fp32-master)"},
+      {"frac_lost", "non-zero updates that left the stored state unchanged: the weight, the master weight "
+                    "(fp32-master), or both the weight and its compensation (fp16-kahan)"},
       {"final", "mean final weight (master weight for fp32-master)"},
       {"final_fp64", "mean final weight of the fp64 trajectory"},
       {"mean_abs_error", "mean |w - w_fp64| at the end"},

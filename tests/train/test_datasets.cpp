@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <chrono>
 
 #include "experiments/datasets.hpp"
 #include "tests/run_experiment.hpp"
@@ -121,6 +122,72 @@ TEST_CASE("HDF5 input is read as written, and bad files are refused with path an
   const std::string text = temp_path("text.h5").string();
   std::ofstream(text) << "not hdf5\n";
   require_error(text, "not an HDF5 file");
+}
+
+TEST_CASE("a data file rewritten under the same path is read again", "[train][data]") {
+  const std::string path = write_file("rewritten.h5", 30, 4, 3);
+  const auto first = data::load_h5(path);
+  CHECK(data::load_h5(path) == first);  // cached: not reopened
+  std::filesystem::last_write_time(path, std::filesystem::last_write_time(path) - std::chrono::seconds(5));
+  write_file("rewritten.h5", 40, 4, 3);  // new size and modification time
+  const auto second = data::load_h5(path);
+  CHECK(second != first);
+  CHECK(second->size() == 40u);
+}
+
+TEST_CASE("a data file that goes bad after check_point is BadInput (exit 2), not a bug", "[train][data]") {
+  const std::string path = write_file("vanishing.h5", 60, 3, 2);
+  const Experiment* e = find_experiment("train");
+  REQUIRE(e);
+  const Params p = testing::params_with(*e, {{"data", path}, {"epochs", std::int64_t{1}}, {"batch", std::int64_t{8}},
+                                             {"update", std::string("fp16-rn")}});
+  CHECK(e->check_point(p) == "");
+  // Rewritten valid but smaller: 6 samples leave 5 for training, fewer than batch 8.
+  std::filesystem::last_write_time(path, std::filesystem::last_write_time(path) - std::chrono::seconds(5));
+  write_file("vanishing.h5", 6, 3, 2);
+  try {
+    (void)e->run(p, RunEnv{emu::StreamId{1, 0, 0, 0}});
+    FAIL("no error");
+  } catch (const BadInput& b) {
+    CHECK(std::string(b.what()).find("batch 8 is larger than the training split: 5 of the 6 samples") !=
+          std::string::npos);
+  }
+  std::filesystem::remove(path);
+  CHECK_THROWS_AS(e->run(p, RunEnv{emu::StreamId{1, 0, 0, 0}}), BadInput);
+  std::ofstream(path) << "no longer HDF5\n";
+  try {
+    (void)e->run(p, RunEnv{emu::StreamId{1, 0, 0, 0}});
+    FAIL("no error");
+  } catch (const BadInput& b) {
+    CHECK(std::string(b.what()).find("data file '" + path + "': not an HDF5 file") != std::string::npos);
+  }
+}
+
+TEST_CASE("teacher data: deterministic from the seed, labels from the teacher in range", "[train][data]") {
+  const data::SyntheticSpec spec{3000, 8, 5, 1.0, 7};
+  const data::Dataset a = data::make_teacher(spec), b = data::make_teacher(spec);
+  data::SyntheticSpec other = spec;
+  other.seed = 8;
+  CHECK(a.x == b.x);
+  CHECK(a.y == b.y);
+  CHECK(a.y != data::make_teacher(other).y);
+  std::vector<int> per_class(5, 0);
+  for (int label : a.y) {
+    REQUIRE((label >= 0 && label < 5));
+    ++per_class[label];
+  }
+  // Inputs N(0, 1): mean within 5 standard errors of 0, variance near 1.
+  double sum = 0, squares = 0;
+  for (float v : a.x) sum += v, squares += double(v) * v;
+  const double n = static_cast<double>(a.x.size());
+  CHECK(std::fabs(sum / n) < 5 / std::sqrt(n));
+  CHECK(squares / n == Approx(1.0).epsilon(0.05));
+  // The noise parameter is not used: the labels are a function of the inputs alone.
+  data::SyntheticSpec noisy = spec;
+  noisy.noise = 3.0;
+  CHECK(data::make_teacher(noisy).y == a.y);
+  // Every class is some input's argmax (a random teacher is not perfectly balanced).
+  for (int c = 0; c < 5; ++c) CHECK(per_class[c] > 0);
 }
 
 TEST_CASE("train reports a missing data file as invalid_argument naming it", "[train][data]") {

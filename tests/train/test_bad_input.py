@@ -1,0 +1,151 @@
+#!/usr/bin/python3
+"""Bad input to the training experiments, through the real sweep binary: every class of
+bad data file, unit/format combinations a unit refuses, and a batch larger than the
+training split must stop the sweep before any run (exit status 2, one line on stderr
+naming the config, the point, the file and the reason), never as "this is a bug" (1).
+Also: loss_scale takes a plain YAML number.
+
+Usage: test_bad_input.py SWEEP   (SWEEP = path of build/sweep)
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+import h5py
+import numpy as np
+
+SWEEP = os.path.abspath(sys.argv[1])
+failures = []
+
+
+def run(cwd, config_text, name="c.yaml"):
+    with open(os.path.join(cwd, name), "w") as f:
+        f.write(config_text)
+    p = subprocess.run([SWEEP, name, "-o", "out.h5", "--force"], cwd=cwd, capture_output=True, text=True,
+                       timeout=120)
+    return p.returncode, p.stdout, p.stderr
+
+
+def expect_bad(cwd, label, config_text, *fragments):
+    out = os.path.join(cwd, "out.h5")
+    if os.path.exists(out):
+        os.remove(out)
+    code, _, err = run(cwd, config_text)
+    lines = err.strip().splitlines()
+    problems = []
+    if code != 2:
+        problems.append("exit %d, not 2" % code)
+    if len(lines) != 1:
+        problems.append("%d lines on stderr, not 1" % len(lines))
+    for fragment in ("c.yaml:",) + fragments:
+        if fragment not in err:
+            problems.append("stderr lacks %r" % fragment)
+    if "bug" in err:
+        problems.append("stderr calls it a bug")
+    if os.path.exists(out):
+        problems.append("an output file was written although nothing may run")
+    if problems:
+        failures.append("%s: %s\n    stderr: %s" % (label, "; ".join(problems), err.strip()))
+    else:
+        print("ok   %-28s %s" % (label, err.strip()))
+
+
+def write(path, **datasets):
+    with h5py.File(path, "w") as f:
+        for name, value in datasets.items():
+            f.create_dataset(name, data=value)
+
+
+def train_config(data, extra=""):
+    return "experiment: train\ngrid:\n  data: %s\n  update: fp16-rn\n  epochs: 1\n%s" % (data, extra)
+
+
+def main():
+    with tempfile.TemporaryDirectory(prefix="roundoff-train-bad-") as d:
+        rng = np.random.RandomState(0)
+        x = rng.randn(100, 4).astype(np.float32)
+        y = (np.arange(100) % 3).astype(np.int64)
+        write(os.path.join(d, "good.h5"), x=x, y=y)
+        # The good file runs (exit 0): the checks refuse only what is bad.
+        code, _, err = run(d, train_config("good.h5"))
+        if code != 0:
+            failures.append("good file: exit %d: %s" % (code, err.strip()))
+
+        os.mkdir(os.path.join(d, "folder.h5"))
+        with open(os.path.join(d, "text.h5"), "w") as f:
+            f.write("not an HDF5 file\n")
+        write(os.path.join(d, "x1d.h5"), x=x[:, 0].copy(), y=y)
+        write(os.path.join(d, "xint.h5"), x=(x * 10).astype(np.int32), y=y)
+        write(os.path.join(d, "noy.h5"), x=x)
+        write(os.path.join(d, "yfloat.h5"), x=x, y=y.astype(np.float32))
+        write(os.path.join(d, "y2d.h5"), x=x, y=y.reshape(100, 1))
+        write(os.path.join(d, "rows.h5"), x=x, y=y[:99])
+        negative = y.copy()
+        negative[5] = -1
+        write(os.path.join(d, "negative.h5"), x=x, y=negative)
+        nan = x.copy()
+        nan[3, 2] = np.nan
+        write(os.path.join(d, "nan.h5"), x=nan, y=y)
+
+        cases = [
+            ("missing file", "missing.h5", "no such file"),
+            ("directory", "folder.h5", "is a directory"),
+            ("not HDF5", "text.h5", "not an HDF5 file"),
+            ("x not 2-D", "x1d.h5", "'x' must be a 2-D float dataset"),
+            ("x not float", "xint.h5", "its type is not float"),
+            ("no y", "noy.h5", "no dataset 'y'"),
+            ("y not integer", "yfloat.h5", "its type is not integer"),
+            ("y not 1-D", "y2d.h5", "'y' must be a 1-D integer dataset"),
+            ("row mismatch", "rows.h5", "x has 100 rows but y has 99 labels"),
+            ("negative label", "negative.h5", "y[5] = -1 is not a label"),
+            ("NaN in x", "nan.h5", "x[3, 2] is not finite"),
+        ]
+        for label, path, reason in cases:
+            expect_bad(d, label, train_config(path), "data file '%s'" % path, reason)
+            # grad_underflow reads the same files through the same check.
+            expect_bad(d, "grad_underflow: " + label,
+                       "experiment: grad_underflow\ngrid:\n  data: %s\n" % path, "data file '%s'" % path, reason)
+        # A bad file in the middle of a grid: refused before the good points run.
+        expect_bad(d, "bad file in a grid", train_config("[good.h5, nan.h5]"), "point 1", "data file 'nan.h5'")
+
+        # Units that refuse the activation format as their matmul input format.
+        for unit, fmt, says in [("v100", "bf16", "v100 tensor cores do not take bf16"),
+                                ("ipu-amp", "bf16", "AMP"),
+                                ("a100", "fp8-e4m3", "a100 tensor cores do not take fp8-e4m3")]:
+            expect_bad(d, "unit %s + %s" % (unit, fmt),
+                       "experiment: train\ngrid:\n  update: fp16-rn\n  unit: %s\n  act_format: %s\n  epochs: 1\n"
+                       % (unit, fmt), "unit %s does not accept act_format %s" % (unit, fmt), says)
+
+        # Batch larger than the training split: synthetic (2048 * 0.8 = 1638) and a file (80).
+        expect_bad(d, "batch > synthetic split", "experiment: train\ngrid:\n  batch: [32, 1639]\n  epochs: 1\n",
+                   "point 1", "batch 1639 is larger than the training split: 1638 of the 2048 samples")
+        expect_bad(d, "batch > file split", train_config("good.h5", "  batch: 81\n"),
+                   "batch 81 is larger than the training split: 80 of the 100 samples in data file 'good.h5'")
+        expect_bad(d, "grad_underflow batch", "experiment: grad_underflow\ngrid:\n  batch: 1639\n",
+                   "batch 1639 is larger than the training split")
+        expect_bad(d, "empty test split", "experiment: train\ngrid:\n  samples: 20\n  test_fraction: 0.01\n",
+                   "leaves an empty training or test split")
+
+        # loss_scale as a plain YAML number is the same as its quoted text.
+        code, _, err = run(d, "experiment: train\ngrid:\n  samples: 100\n  epochs: 1\n  update: fp16-rn\n"
+                              "  loss_scale: [128, \"256\", 1.0e3]\n")
+        if code != 0:
+            failures.append("loss_scale: 128 unquoted: exit %d: %s" % (code, err.strip()))
+        else:
+            with h5py.File(os.path.join(d, "out.h5"), "r") as f:
+                stored = [v.decode() for v in f["points/loss_scale"][()]]
+                scales = f["metrics/final_loss_scale"][:, 0].tolist()
+            if stored != ["128", "256", "1.0e3"] or scales != [128.0, 256.0, 1000.0]:
+                failures.append("loss_scale numbers: stored %s, final scales %s" % (stored, scales))
+            else:
+                print("ok   loss_scale numbers          stored %s, final_loss_scale %s" % (stored, scales))
+
+    if failures:
+        print("FAILED:\n  " + "\n  ".join(failures))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
