@@ -139,6 +139,7 @@ Experiment make_grad_underflow() {
                "log2_bin"}};
   e.run = run_grad_underflow;
   e.check_point = check_data_and_batch;
+  e.trace_length = [](const Params&) -> std::int64_t { return kHistBins; };
   return e;
 }
 

@@ -306,6 +306,9 @@ std::shared_ptr<const data::Split> prepare_data(const Params& p, std::uint64_t s
 // path; see data::load_h5), and that both splits are non-empty and batch <= the
 // training split. "" when fine, else one line naming the file or parameter.
 std::string check_data_and_batch(const Params& p);
+// Training steps of a run at these params (epochs x full batches of the training split);
+// call after check_data_and_batch accepted them.
+std::int64_t planned_steps(const Params& p);
 void read_run_params(const Params& p, TrainSpec& spec);
 
 // grad_underflow keeps the gradients of its last few training runs (replicas of a point

@@ -35,6 +35,12 @@ class RunningValue {
   // is where the sum stagnated; under sr it is only where the changes happened to end.
   std::int64_t stagnation_step() const { return last_change_ == steps_ ? -1 : last_change_ + 1; }
 
+  // How many samples the trace of `steps` updates holds: step 0, every trace_every-th
+  // step and the last step (0 when trace_every is 0).
+  static std::int64_t trace_length(std::int64_t steps, std::int64_t trace_every) {
+    return trace_every == 0 ? 0 : 1 + steps / trace_every + (steps % trace_every != 0 ? 1 : 0);
+  }
+
   bool has_trace() const { return trace_every_ > 0; }
   const Trace& trace() const { return trace_; }
 

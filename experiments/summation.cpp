@@ -167,12 +167,10 @@ Experiment summation_experiment() {
     if (p.integer("trace_every") > p.integer("n")) return "trace_every must not exceed n";
     return "";
   };
-  // What RunningValue records: term 0, every trace_every-th term, and term n; pairwise
-  // has no running sum and records nothing.
+  // Pairwise summation has no running sum and records nothing.
   e.trace_length = [](const Params& p) -> std::int64_t {
-    const std::int64_t n = p.integer("n"), every = p.integer("trace_every");
-    if (every == 0 || p.string("algorithm") == "pairwise") return 0;
-    return 1 + n / every + (n % every != 0 ? 1 : 0);
+    if (p.string("algorithm") == "pairwise") return 0;
+    return RunningValue::trace_length(p.integer("n"), p.integer("trace_every"));
   };
   return e;
 }

@@ -111,10 +111,8 @@ Experiment swamping_experiment() {
     if (p.integer("trace_every") > p.integer("steps")) return "trace_every must not exceed steps";
     return "";
   };
-  // What RunningValue records: step 0, every trace_every-th step, and the last step.
   e.trace_length = [](const Params& p) -> std::int64_t {
-    const std::int64_t steps = p.integer("steps"), every = p.integer("trace_every");
-    return every == 0 ? 0 : 1 + steps / every + (steps % every != 0 ? 1 : 0);
+    return RunningValue::trace_length(p.integer("steps"), p.integer("trace_every"));
   };
   return e;
 }

@@ -116,18 +116,35 @@ std::shared_ptr<const data::Split> prepare_data(const Params& p, std::uint64_t s
   return std::make_shared<const data::Split>(std::move(s));
 }
 
+namespace {
+
+bool is_builtin_data(const std::string& source) { return source == "synthetic" || source == "teacher"; }
+
+// The rows of the data set; throws std::invalid_argument for a bad data file.
+std::size_t data_rows(const Params& p) {
+  const std::string& source = p.string("data");
+  if (is_builtin_data(source)) return static_cast<std::size_t>(p.integer("samples"));
+  return data::load_h5(source)->size();  // validates the layout; cached by path
+}
+
+}  // namespace
+
+std::int64_t planned_steps(const Params& p) {
+  const std::size_t rows = data_rows(p);
+  const std::size_t n_train = rows - data::test_size(rows, p.real("test_fraction"));
+  return p.integer("epochs") * static_cast<std::int64_t>(n_train / static_cast<std::size_t>(p.integer("batch")));
+}
+
 std::string check_data_and_batch(const Params& p) {
   const std::string& source = p.string("data");
-  std::size_t rows = static_cast<std::size_t>(p.integer("samples"));
-  if (source != "synthetic" && source != "teacher") {
-    try {
-      rows = data::load_h5(source)->size();  // validates the layout; cached by path
-    } catch (const std::invalid_argument& e) {
-      return e.what();
-    }
+  std::size_t rows = 0;
+  try {
+    rows = data_rows(p);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
   }
-  const std::string of = "the " + std::to_string(rows) + " samples" +
-                         (source == "synthetic" || source == "teacher" ? "" : " in data file '" + source + "'");
+  const std::string of =
+      "the " + std::to_string(rows) + " samples" + (is_builtin_data(source) ? "" : " in data file '" + source + "'");
   const std::size_t n_test = data::test_size(rows, p.real("test_fraction"));
   if (n_test < 1 || n_test >= rows)
     return "test_fraction " + to_string(p.at("test_fraction")) + " of " + of +
@@ -345,6 +362,13 @@ Experiment make_train() {
         return problem;
     }
     return check_data_and_batch(p);
+  };
+  // loss and loss_scale: one sample per step; grad_hist_<layer>: kHistBins per recorded
+  // step for each of the 2 * layers - 1 weight layers (l1..lL, bn1..bn(L-1)).
+  e.trace_length = [](const Params& p) -> std::int64_t {
+    const std::int64_t steps = planned_steps(p), every = p.integer("hist_every");
+    const std::int64_t histograms = every == 0 ? 0 : (steps + every - 1) / every;
+    return 2 * steps + (2 * p.integer("layers") - 1) * kHistBins * histograms;
   };
   return e;
 }

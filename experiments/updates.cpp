@@ -101,6 +101,10 @@ Experiment make_updates() {
   e.headline_metric = "drift";
   e.traces = {{"error", "mean |w - w_fp64| every trace_every steps"}};
   e.run = run_updates;
+  e.trace_length = [](const Params& p) -> std::int64_t {
+    const std::int64_t every = p.integer("trace_every");
+    return every == 0 ? 0 : p.integer("steps") / every;
+  };
   return e;
 }
 

@@ -579,7 +579,7 @@ SweepPlan parse_plan(const std::string& config_text, const std::string& config_p
       const auto samples = static_cast<std::uint64_t>(std::max<std::int64_t>(0, experiment.trace_length(point)));
       if (samples > kMaxTraceSamplesPerRun)
         point_problem(p, point, "a run records " + std::to_string(samples) + " trace samples, over the limit of " +
-                                    std::to_string(kMaxTraceSamplesPerRun) + " per run; record fewer (e.g. a larger trace_every)");
+                                    std::to_string(kMaxTraceSamplesPerRun) + " per run; record fewer (a larger trace_every or hist_every, fewer steps)");
       trace_values += samples * plan.replicas;
     }
     plan.points.push_back(std::move(point));
@@ -588,7 +588,7 @@ SweepPlan parse_plan(const std::string& config_text, const std::string& config_p
     reader.fail(grid_mark, grid_path,
                 "the traces of this sweep would hold " + std::to_string(trace_values) +
                     " values (points x replicas x samples per run), over the limit of " + std::to_string(kMaxTraceValues) +
-                    " (2 GiB of float64) per config; record fewer (e.g. a larger trace_every) or split the sweep");
+                    " (2 GiB of float64) per config; record fewer (a larger trace_every or hist_every, fewer steps) or split the sweep");
   return plan;
 }
 
