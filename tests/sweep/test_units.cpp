@@ -1,6 +1,6 @@
 // Small pieces of the sweep runner: SHA-256 against the FIPS 180-2 test vectors, the edit
-// distance behind "did you mean", and the trace_length that swamping and summation declare
-// for the sweep's trace limits against the traces their runs record.
+// distance behind "did you mean", and the trace_length every shipped experiment declares
+// for the sweep's trace limits against the traces its runs record.
 #include <catch2/catch.hpp>
 
 #include "experiments/sweep/config.hpp"
@@ -53,4 +53,34 @@ TEST_CASE("swamping's and summation's trace_length is the number of samples a ru
       CHECK(static_cast<std::int64_t>(sum_recorded) == summation.trace_length(params_with(summation, q)));
     }
   }
+}
+
+TEST_CASE("updates', train's and grad_underflow's trace_length is the number of samples a run records", "[sweep]") {
+  using roundoff::testing::params_with;
+  using roundoff::testing::run_experiment;
+  const auto recorded = [](const roundoff::RunResult& r) {
+    std::int64_t samples = 0;
+    for (const auto& [name, trace] : r.traces) samples += static_cast<std::int64_t>(trace.y.size());
+    return samples;
+  };
+  const roundoff::Experiment& updates = *roundoff::find_experiment("updates");
+  for (const std::int64_t every : {0, 1, 3, 50}) {
+    INFO("updates, trace_every " << every);
+    const std::map<std::string, roundoff::ParamValue> p = {{"steps", std::int64_t{50}}, {"trace_every", every}};
+    const auto result = run_experiment("updates", p);
+    CHECK(recorded(result) == updates.trace_length(params_with(updates, p)));
+    if (every > 0) CHECK(recorded(result) == 50 / every);  // steps every, 2 every, ...
+  }
+  const roundoff::Experiment& train = *roundoff::find_experiment("train");
+  for (const std::int64_t layers : {2, 3})
+    for (const std::int64_t every : {0, 1, 4, 1000}) {
+      INFO("train, layers " << layers << ", hist_every " << every);
+      const std::map<std::string, roundoff::ParamValue> p = {
+          {"layers", layers}, {"hist_every", every}, {"epochs", std::int64_t{1}}, {"samples", std::int64_t{300}}};
+      const auto result = run_experiment("train", p);
+      CHECK(recorded(result) == train.trace_length(params_with(train, p)));
+    }
+  const roundoff::Experiment& grad_underflow = *roundoff::find_experiment("grad_underflow");
+  const std::map<std::string, roundoff::ParamValue> g = {{"epochs", std::int64_t{1}}};
+  CHECK(recorded(run_experiment("grad_underflow", g)) == grad_underflow.trace_length(params_with(grad_underflow, g)));
 }
