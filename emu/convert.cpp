@@ -93,17 +93,26 @@ std::array<std::uint32_t, 2> key_of(const StreamId& id) {
   return {static_cast<std::uint32_t>(id.seed), static_cast<std::uint32_t>(id.seed >> 32)};
 }
 
+// Three implementations of one tile of Philox blocks, with the same output:
 // words[w * kBlocksPerTile + j] = word w of block first_block + j, for j < 64.
 // first_block is a multiple of 64, so the 64 blocks share the counter's words 1..3 and
 // their low words do not wrap.
-void philox_tile(const StreamId& id, std::uint64_t first_block, std::uint32_t* words) {
+void philox_tile_portable(const StreamId& id, std::uint64_t first_block, std::uint32_t* words) {
   const auto key = key_of(id);
+  for (int j = 0; j < kBlocksPerTile; ++j) {
+    const auto b = Philox4x32::block(key, counter_of(id, first_block + static_cast<std::uint64_t>(j)));
+    for (int w = 0; w < 4; ++w) words[w * kBlocksPerTile + j] = b[w];
+  }
+}
+
 #ifdef __AVX2__
-  // Eight blocks in the lanes of a vector, and four such groups interleaved: one group
-  // alone is bound by the latency of its products (about 1.5x slower). gcc's own
-  // vectorisation of the 32x32->64-bit products is shuffle-bound (about 3x slower).
+// Eight blocks in the lanes of a vector, and four such groups interleaved: one group
+// alone is bound by the latency of its products (about 1.5x slower). gcc's own
+// vectorisation of the 32x32->64-bit products is shuffle-bound (about 3x slower).
+void philox_tile_avx2(const StreamId& id, std::uint64_t first_block, std::uint32_t* words) {
   constexpr int kGroups = 4;
   static_assert(kBlocksPerTile % (8 * kGroups) == 0);
+  const auto key = key_of(id);
   __m256i round_key[10][2];  // broadcast once per tile
   {
     std::uint32_t k0 = key[0], k1 = key[1];
@@ -156,11 +165,80 @@ void philox_tile(const StreamId& id, std::uint64_t first_block, std::uint32_t* w
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + 3 * kBlocksPerTile), x3[g]);
     }
   }
-#else
-  for (int j = 0; j < kBlocksPerTile; ++j) {
-    const auto b = Philox4x32::block(key, counter_of(id, first_block + static_cast<std::uint64_t>(j)));
-    for (int w = 0; w < 4; ++w) words[w * kBlocksPerTile + j] = b[w];
+}
+
+// The same with AVX-512F, for CPUs that have it (chosen at run time: the build itself
+// asks only for AVX2): sixteen blocks per vector, the whole tile's four groups at once,
+// and three-way XORs in one instruction; about 2.4x the words per second of the AVX2
+// version on the benchmark machine (AMD Zen 5). No helper functions: __m512i arguments
+// would change the ABI of a function compiled without AVX-512.
+[[gnu::target("avx512f")]] void philox_tile_avx512(const StreamId& id, std::uint64_t first_block,
+                                                   std::uint32_t* words) {
+  constexpr int kGroups = kBlocksPerTile / 16;
+  const auto key = key_of(id);
+  const auto c = counter_of(id, first_block);
+  const __m512i m0 = _mm512_set1_epi32(static_cast<int>(kPhiloxM0));
+  const __m512i m1 = _mm512_set1_epi32(static_cast<int>(kPhiloxM1));
+  const __m512i lane_offsets = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  __m512i x0[kGroups], x1[kGroups], x2[kGroups], x3[kGroups];
+  for (int g = 0; g < kGroups; ++g) {
+    x0[g] = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(c[0] + static_cast<std::uint32_t>(16 * g))),
+                             lane_offsets);
+    x1[g] = _mm512_set1_epi32(static_cast<int>(c[1]));
+    x2[g] = _mm512_set1_epi32(static_cast<int>(c[2]));
+    x3[g] = _mm512_set1_epi32(static_cast<int>(c[3]));
   }
+  std::uint32_t k0 = key[0], k1 = key[1];
+#pragma GCC unroll 10
+  for (int round = 0; round < 10; ++round) {
+    const __m512i round_key0 = _mm512_set1_epi32(static_cast<int>(k0));
+    const __m512i round_key1 = _mm512_set1_epi32(static_cast<int>(k1));
+#pragma GCC unroll 4
+    for (int g = 0; g < kGroups; ++g) {
+      // High halves of the products from the even and odd lanes' 64-bit products, low
+      // halves from the 32-bit multiply; then x0 = hi1 ^ x1 ^ k0, x2 = hi0 ^ x3 ^ k1.
+      // (The maskz forms with all lanes set: gcc 12 warns of an uninitialised variable
+      // inside the plain ones' headers when the build flags lack AVX-512.)
+      const __m512i even0 = _mm512_maskz_mul_epu32(0xFF, x0[g], m0);
+      const __m512i odd0 = _mm512_maskz_mul_epu32(0xFF, _mm512_maskz_srli_epi64(0xFF, x0[g], 32), m0);
+      const __m512i hi0 = _mm512_mask_mov_epi32(_mm512_maskz_srli_epi64(0xFF, even0, 32), 0xAAAA, odd0);
+      const __m512i lo0 = _mm512_mullo_epi32(x0[g], m0);
+      const __m512i even1 = _mm512_maskz_mul_epu32(0xFF, x2[g], m1);
+      const __m512i odd1 = _mm512_maskz_mul_epu32(0xFF, _mm512_maskz_srli_epi64(0xFF, x2[g], 32), m1);
+      const __m512i hi1 = _mm512_mask_mov_epi32(_mm512_maskz_srli_epi64(0xFF, even1, 32), 0xAAAA, odd1);
+      const __m512i lo1 = _mm512_mullo_epi32(x2[g], m1);
+      x0[g] = _mm512_ternarylogic_epi32(hi1, x1[g], round_key0, 0x96);  // 0x96: a ^ b ^ c
+      x2[g] = _mm512_ternarylogic_epi32(hi0, x3[g], round_key1, 0x96);
+      x1[g] = lo1;
+      x3[g] = lo0;
+    }
+    k0 += kPhiloxW0;
+    k1 += kPhiloxW1;
+  }
+  for (int g = 0; g < kGroups; ++g) {
+    std::uint32_t* w = words + 16 * g;
+    _mm512_storeu_si512(w, x0[g]);
+    _mm512_storeu_si512(w + kBlocksPerTile, x1[g]);
+    _mm512_storeu_si512(w + 2 * kBlocksPerTile, x2[g]);
+    _mm512_storeu_si512(w + 3 * kBlocksPerTile, x3[g]);
+  }
+}
+
+bool cpu_has_avx512f() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+#endif
+
+// The fastest implementation this build and CPU offer.
+void philox_tile(const StreamId& id, std::uint64_t first_block, std::uint32_t* words) {
+#ifdef __AVX2__
+  if (cpu_has_avx512f())
+    philox_tile_avx512(id, first_block, words);
+  else
+    philox_tile_avx2(id, first_block, words);
+#else
+  philox_tile_portable(id, first_block, words);
 #endif
 }
 
@@ -841,6 +919,23 @@ namespace detail {
 Flags round_to_bits_portable(const HalfRounding& how, std::span<const float> in, std::span<std::uint16_t> out,
                              std::uint64_t first_index) {
   return dispatch<true, std::uint16_t>(how, in, out, first_index);
+}
+
+bool philox_tile_words(int implementation, const StreamId& stream, std::uint64_t tile,
+                       std::span<std::uint32_t, 256> words) {
+  static_assert(kWordsPerTile == 256);
+  const std::uint64_t first_block = tile * kBlocksPerTile;
+  switch (implementation) {
+    case 0: philox_tile_portable(stream, first_block, words.data()); return true;
+#ifdef __AVX2__
+    case 1: philox_tile_avx2(stream, first_block, words.data()); return true;
+    case 2:
+      if (!cpu_has_avx512f()) return false;
+      philox_tile_avx512(stream, first_block, words.data());
+      return true;
+#endif
+    default: return false;
+  }
 }
 
 }  // namespace detail

@@ -11,8 +11,9 @@
 // canonicalisation, overflow policies and the flush of subnormals off; bf16 and fp16 sr
 // with integer code on the float32 bit patterns (per-lane shifts for fp16's subnormal
 // results), where a group of eight with an inf or NaN input (or one that needs more
-// than 16 random bits, see below) takes the portable kernel. Other builds take the
-// portable element-wise kernel throughout, which gives the same results
+// than 16 random bits, see below) takes the portable kernel; the random words come from
+// AVX-512F code where the CPU has it (chosen at run time), else from AVX2 code. Other
+// builds take the portable element-wise kernel throughout, which gives the same results
 // (detail::round_to_bits_portable; the tests compare the two).
 #pragma once
 
@@ -96,6 +97,11 @@ namespace detail {
 // F16C use; the same results. For tests, which check the vector kernels against it.
 Flags round_to_bits_portable(const HalfRounding& how, std::span<const float> in, std::span<std::uint16_t> out,
                              std::uint64_t first_index = 0);
+// The Philox words of tile `tile` (words[w * 64 + j] = word w of block 64 tile + j) from
+// implementation 0 (portable), 1 (AVX2) or 2 (AVX-512F, chosen at run time where the CPU
+// has it); false, leaving `words` alone, where this build or CPU lacks it. For tests.
+bool philox_tile_words(int implementation, const StreamId& stream, std::uint64_t tile,
+                       std::span<std::uint32_t, 256> words);
 }  // namespace detail
 
 // Any format, any mode: out[j] = round(format, in[j], spec, rng, flags), element by
