@@ -72,9 +72,8 @@ inline std::int32_t clamp_arith(std::int32_t x, std::int32_t lo, std::int32_t hi
   return hi + (below & (below >> 31));
 }
 
-// ---- The random bits (layout documented in convert.hpp). Philox4x32-10 over a tile of
-// 64 counters: the scalar Philox4x32::block, or 32 blocks per AVX2 step. Same constants
-// and counter layout as Philox4x32.
+// ---- The random bits (layout documented in convert.hpp): Philox4x32-10 over a tile of
+// 64 counters, with the same constants and counter layout as Philox4x32.
 constexpr int kBlocksPerTile = 64;
 constexpr int kWordsPerTile = 4 * kBlocksPerTile;  // 256 32-bit words
 constexpr int kTile = 2 * kWordsPerTile;           // elements per tile: 16 bits each
@@ -249,9 +248,9 @@ inline std::uint32_t tile_bits(const std::uint32_t* words, std::size_t e) {
 }
 
 // The exact tie-break of element `index` (float32 pattern u, random bits r): 1 iff the
-// discarded fraction f of |x| has more than 16 bits (fp16 results below 2^-17), its top
-// 16 bits F16 equal r, and the bits beyond them, beta = f 2^16 - F16 (d bits), exceed
-// the 128-bit number v of block 2^47 + index (word 0 most significant):
+// discarded fraction f of |x| has more than 16 bits (fp16, |x| < 2^-17), its top 16
+// bits F16 equal r, and the bits beyond them, beta = f 2^16 - F16 (d bits), decide up
+// against the 128-bit number v of block 2^47 + index (word 0 most significant):
 //   sr_bits 0:        v / 2^128 < beta, probability beta;
 //   sr_bits k > 16:   the top k - 16 bits of both compared: floor(v 2^(k-16) / 2^128) <
 //                     floor(beta 2^(k-16)).
@@ -281,7 +280,8 @@ std::uint32_t tie_break_up(const StreamId& id, std::uint64_t index, std::uint32_
 }
 
 // ---- The portable kernel: one element at a time, integer code on the float32 pattern
-// (used by builds without AVX2 and F16C, and exposed as detail::round_to_bits_scalar).
+// (builds without AVX2 and F16C; the groups of eight that the vector kernels refuse;
+// detail::round_to_bits_portable).
 
 // Loop-invariant inputs of the element kernel that are not template parameters.
 struct Controls {
@@ -296,7 +296,7 @@ Controls controls_for(const HalfRounding& how) {
 
 // One element: float32 pattern u, random bits r (16, sr only) -> the target's pattern.
 // Sets `raised` to the element's flags, plus kTie when r == F16 and the fraction has
-// bits beyond F16 that the tie-break must weigh (fp16 results below 2^-17 only). `tie_up`
+// bits beyond F16 that the tie-break must weigh (fp16 with |x| < 2^-17 only). `tie_up`
 // is ORed into the decision: the exact tie-break.
 //
 // Steps for finite x, |x| = (m / 2^s) * ulp(result):
@@ -730,8 +730,9 @@ inline void store_patterns(Out* out, __m256i p) {
   }
 }
 
-// One whole tile (kTile elements from `in`, index of in[0] = `first`, random words
-// `words`, `low2` = the low-bit filler in both halves of a word). Vectors that the
+// One tile (elements [begin, end) of kTile from `in`, multiples of 8; index of in[0] =
+// `first`, random words `words`, `low2` = the low-bit filler in both halves of a word).
+// Vectors that the
 // vector kernels refuse are left unwritten and redone by the portable kernel after the
 // loop, so that the loop itself has no call (a call would make every vector register
 // caller-saved: gcc then keeps the accumulators in memory and rebuilds the constants in
@@ -739,7 +740,7 @@ inline void store_patterns(Out* out, __m256i p) {
 // and the refused ones are not stored at all: `out` may be `in`.
 template <class Out, class T, Rounding Mode, Overflow Policy, bool Subnormals, bool Ties>
 void round_tile(const HalfRounding& how, const float* in, Out* out, const std::uint32_t* words, __m256i low2,
-                std::uint64_t first, VectorFlags& tile_flags, std::uint32_t& portable_flags) {
+                std::uint64_t first, int begin, int end, VectorFlags& tile_flags, std::uint32_t& portable_flags) {
   static_assert(kTile / 8 == 64, "one bit per vector of the tile");
   // A local copy lives in registers: __m256i may alias the stores to `out`, which would
   // keep the caller's accumulators in memory, a store-to-load chain per vector.
@@ -756,7 +757,8 @@ void round_tile(const HalfRounding& how, const float* in, Out* out, const std::u
     }
   };
   auto half = [&](auto high) {
-    for (int j = high ? kWordsPerTile : 0; j < (high ? kTile : kWordsPerTile); j += 8) {
+    const int stop = std::min(end, high ? kTile : kWordsPerTile);
+    for (int j = std::max(begin, high ? kWordsPerTile : 0); j < stop; j += 8) {
       // The next tile's lines: with this much work per element, the hardware
       // prefetchers alone leave the loop waiting for memory (about 2x slower on arrays
       // beyond the caches).
@@ -791,7 +793,8 @@ void round_tile(const HalfRounding& how, const float* in, Out* out, const std::u
 }
 
 // The whole array, tile by tile. A tile that the array covers only in part (at most the
-// first and the last) goes through a local copy padded with zeros (which raise nothing).
+// first and the last) goes through a local copy, its vectors padded with zeros (which
+// raise nothing).
 template <class Out, class T, Rounding Mode, Overflow Policy, bool Subnormals, bool Ties>
 Flags run_vector(const HalfRounding& how, const float* in, Out* out, std::size_t n, std::uint64_t first_index) {
   const std::uint32_t low = controls_for(how).low;
@@ -809,13 +812,15 @@ Flags run_vector(const HalfRounding& how, const float* in, Out* out, std::size_t
     if constexpr (Mode == Rounding::sr) philox_tile(how.stream(), index / kTile * kBlocksPerTile, words);
     const std::uint64_t tile_first = index - offset;
     if (count == kTile) {
-      round_tile<Out, T, Mode, Policy, Subnormals, Ties>(how, in + done, out + done, words, low2, tile_first, flags,
-                                                          portable_flags);
+      round_tile<Out, T, Mode, Policy, Subnormals, Ties>(how, in + done, out + done, words, low2, tile_first, 0,
+                                                          kTile, flags, portable_flags);
     } else {
-      std::fill(local_in, local_in + kTile, 0.0f);
+      // Only the vectors that hold the array's elements.
+      const int begin = static_cast<int>(offset) / 8 * 8, end = (static_cast<int>(offset + count) + 7) / 8 * 8;
+      std::fill(local_in + begin, local_in + end, 0.0f);
       std::copy(in + done, in + done + count, local_in + offset);
-      round_tile<Out, T, Mode, Policy, Subnormals, Ties>(how, local_in, local_out, words, low2, tile_first, flags,
-                                                          portable_flags);
+      round_tile<Out, T, Mode, Policy, Subnormals, Ties>(how, local_in, local_out, words, low2, tile_first, begin, end,
+                                                          flags, portable_flags);
       std::copy(local_out + offset, local_out + offset + count, out + done);
     }
     done += count;

@@ -12,6 +12,8 @@
 
 #include "emu/format.hpp"
 #include "emu/rng.hpp"
+#include "emu/round.hpp"
+#include "emu/status.hpp"
 
 namespace documented {
 
@@ -77,6 +79,33 @@ inline double ulp_at(const emu::Format& format, double down) {
   const int min_exponent = std::ilogb(format.min_normal());
   const int exponent = down == 0.0 ? min_exponent : std::max(std::ilogb(down), min_exponent);
   return std::ldexp(1.0, exponent - format.fraction_bits());
+}
+
+// The expected result of sr for x (element i, random bits r): its magnitude rounded
+// toward zero, or away from zero when rounds_up says so; with the bits and flags
+// emu::round gives for that direction. Beyond max + ulp every direction overflows, and
+// sr too, whatever the random bits.
+struct Expected {
+  std::uint16_t bits;
+  emu::Flags flags;
+};
+
+inline Expected expected_sr(const emu::Format& format, const emu::RoundSpec& sr, float x, const emu::StreamId& id,
+                            std::uint64_t i, std::uint32_t r) {
+  const emu::RoundSpec toward_zero{.mode = emu::Rounding::rz, .overflow = sr.overflow};
+  emu::Flags down_flags = 0;
+  const double down = emu::round(format, x, toward_zero, nullptr, down_flags);
+  bool round_up = (down_flags & emu::OFLO) != 0;
+  if (!round_up && std::isfinite(x) && (down_flags & emu::INEXACT) != 0) {  // (under saturate down == up can be)
+    const double magnitude = std::fabs(static_cast<double>(x)), kept = std::fabs(down);
+    const double f = (magnitude - kept) / ulp_at(format, kept);  // exact
+    round_up = rounds_up(id, i, r, f, sr.sr_bits);
+  }
+  if (!round_up) return {static_cast<std::uint16_t>(format.encode(down)), down_flags};
+  const emu::RoundSpec away{.mode = std::signbit(x) ? emu::Rounding::rd : emu::Rounding::ru, .overflow = sr.overflow};
+  emu::Flags up_flags = 0;
+  const double up = emu::round(format, x, away, nullptr, up_flags);
+  return {static_cast<std::uint16_t>(format.encode(up)), up_flags};
 }
 
 }  // namespace documented
