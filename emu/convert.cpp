@@ -166,80 +166,7 @@ void philox_tile_avx2(const StreamId& id, std::uint64_t first_block, std::uint32
   }
 }
 
-// The same with AVX-512F, for CPUs that have it (chosen at run time: the build itself
-// asks only for AVX2): sixteen blocks per vector, the whole tile's four groups at once,
-// and three-way XORs in one instruction; about 2.4x the words per second of the AVX2
-// version on the benchmark machine (AMD Zen 5). No helper functions: __m512i arguments
-// would change the ABI of a function compiled without AVX-512.
-[[gnu::target("avx512f")]] void philox_tile_avx512(const StreamId& id, std::uint64_t first_block,
-                                                   std::uint32_t* words) {
-  constexpr int kGroups = kBlocksPerTile / 16;
-  const auto key = key_of(id);
-  const auto c = counter_of(id, first_block);
-  const __m512i m0 = _mm512_set1_epi32(static_cast<int>(kPhiloxM0));
-  const __m512i m1 = _mm512_set1_epi32(static_cast<int>(kPhiloxM1));
-  const __m512i lane_offsets = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  __m512i x0[kGroups], x1[kGroups], x2[kGroups], x3[kGroups];
-  for (int g = 0; g < kGroups; ++g) {
-    x0[g] = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(c[0] + static_cast<std::uint32_t>(16 * g))),
-                             lane_offsets);
-    x1[g] = _mm512_set1_epi32(static_cast<int>(c[1]));
-    x2[g] = _mm512_set1_epi32(static_cast<int>(c[2]));
-    x3[g] = _mm512_set1_epi32(static_cast<int>(c[3]));
-  }
-  std::uint32_t k0 = key[0], k1 = key[1];
-#pragma GCC unroll 10
-  for (int round = 0; round < 10; ++round) {
-    const __m512i round_key0 = _mm512_set1_epi32(static_cast<int>(k0));
-    const __m512i round_key1 = _mm512_set1_epi32(static_cast<int>(k1));
-#pragma GCC unroll 4
-    for (int g = 0; g < kGroups; ++g) {
-      // High halves of the products from the even and odd lanes' 64-bit products, low
-      // halves from the 32-bit multiply; then x0 = hi1 ^ x1 ^ k0, x2 = hi0 ^ x3 ^ k1.
-      // (The maskz forms with all lanes set: gcc 12 warns of an uninitialised variable
-      // inside the plain ones' headers when the build flags lack AVX-512.)
-      const __m512i even0 = _mm512_maskz_mul_epu32(0xFF, x0[g], m0);
-      const __m512i odd0 = _mm512_maskz_mul_epu32(0xFF, _mm512_maskz_srli_epi64(0xFF, x0[g], 32), m0);
-      const __m512i hi0 = _mm512_mask_mov_epi32(_mm512_maskz_srli_epi64(0xFF, even0, 32), 0xAAAA, odd0);
-      const __m512i lo0 = _mm512_mullo_epi32(x0[g], m0);
-      const __m512i even1 = _mm512_maskz_mul_epu32(0xFF, x2[g], m1);
-      const __m512i odd1 = _mm512_maskz_mul_epu32(0xFF, _mm512_maskz_srli_epi64(0xFF, x2[g], 32), m1);
-      const __m512i hi1 = _mm512_mask_mov_epi32(_mm512_maskz_srli_epi64(0xFF, even1, 32), 0xAAAA, odd1);
-      const __m512i lo1 = _mm512_mullo_epi32(x2[g], m1);
-      x0[g] = _mm512_ternarylogic_epi32(hi1, x1[g], round_key0, 0x96);  // 0x96: a ^ b ^ c
-      x2[g] = _mm512_ternarylogic_epi32(hi0, x3[g], round_key1, 0x96);
-      x1[g] = lo1;
-      x3[g] = lo0;
-    }
-    k0 += kPhiloxW0;
-    k1 += kPhiloxW1;
-  }
-  for (int g = 0; g < kGroups; ++g) {
-    std::uint32_t* w = words + 16 * g;
-    _mm512_storeu_si512(w, x0[g]);
-    _mm512_storeu_si512(w + kBlocksPerTile, x1[g]);
-    _mm512_storeu_si512(w + 2 * kBlocksPerTile, x2[g]);
-    _mm512_storeu_si512(w + 3 * kBlocksPerTile, x3[g]);
-  }
-}
-
-bool cpu_has_avx512f() {
-  static const bool has = __builtin_cpu_supports("avx512f");
-  return has;
-}
 #endif
-
-// The fastest implementation this build and CPU offer.
-void philox_tile(const StreamId& id, std::uint64_t first_block, std::uint32_t* words) {
-#ifdef __AVX2__
-  if (cpu_has_avx512f())
-    philox_tile_avx512(id, first_block, words);
-  else
-    philox_tile_avx2(id, first_block, words);
-#else
-  philox_tile_portable(id, first_block, words);
-#endif
-}
 
 // The 16 random bits r of element e (0..511) of a tile: the low half of word e for the
 // first 256 elements, the high half of word e - 256 for the others.
@@ -281,7 +208,7 @@ std::uint32_t tie_break_up(const StreamId& id, std::uint64_t index, std::uint32_
 
 // ---- The portable kernel: one element at a time, integer code on the float32 pattern
 // (builds without AVX2 and F16C; the groups of eight that the vector kernels refuse;
-// detail::round_to_bits_portable).
+// detail::round_to_bits_with 0).
 
 // Loop-invariant inputs of the element kernel that are not template parameters.
 struct Controls {
@@ -425,6 +352,261 @@ void patterns_to_floats(const std::uint16_t* patterns, float* out, std::size_t c
   for (; j < count; ++j) out[j] = std::bit_cast<float>(to_float_bits<T>(patterns[j]));
 }
 
+// Elements [j, j + count) of a tile (in[0] has index `first`) by the portable kernel,
+// with the exact tie-break: the groups that the vector kernels refuse (an inf or NaN
+// lane, or a tie candidate). Reads in[e] before it writes out[e]: `out` may be `in`.
+template <class Out, class T, Rounding Mode, Overflow Policy, bool Subnormals>
+[[gnu::noinline, gnu::cold]] void portable_group(const HalfRounding& how, std::uint64_t first, const float* in,
+                                                 Out* out, const std::uint32_t* words, int j, int count,
+                                                 std::uint32_t& flags) {
+  const Controls c = controls_for(how);
+  for (int e = j; e < j + count; ++e) {
+    const auto u = std::bit_cast<std::uint32_t>(in[e]);
+    const std::uint32_t r = Mode == Rounding::sr ? tile_bits(words, static_cast<std::size_t>(e)) : 0u;
+    std::uint32_t raised = 0;
+    std::uint32_t p = round_element<T, Mode, Policy, Subnormals>(u, r, c, raised);
+    if ((raised & kTie) != 0) {
+      const std::uint64_t index = first + static_cast<std::uint64_t>(e);
+      p = round_element<T, Mode, Policy, Subnormals>(u, r, c, raised,
+                                                     tie_break_up<T>(how.stream(), index, u, r, how.sr_bits()));
+    }
+    flags |= raised & ~kTie;
+    if constexpr (std::is_same_v<Out, float>)
+      out[e] = std::bit_cast<float>(to_float_bits<T>(p));
+    else
+      out[e] = static_cast<std::uint16_t>(p);
+  }
+}
+
+// Prefetch hints (they never fault, so addresses beyond the array are harmless).
+inline void prefetch(const void* p) { __builtin_prefetch(p, 0); }
+inline void prefetch_for_write(const void* p) { __builtin_prefetch(p, 1); }
+
+#ifdef __AVX2__
+bool cpu_has_avx512f() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+
+// ---- AVX-512F code, compiled for that instruction set here (the build asks only for
+// AVX2) and chosen at run time on CPUs that have it. Only inline functions take or
+// return 512-bit vectors: such an argument would change the ABI of a function compiled
+// without AVX-512. gcc 12's AVX-512 headers trip -W(maybe-)uninitialized (their
+// _mm512_undefined placeholders) when the instruction set comes from a pragma rather
+// than the command line; silenced for this section only.
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// Philox: sixteen blocks per vector, the whole tile's four groups at once, and three-way
+// XORs in one instruction; about 2.4x the words per second of the AVX2 version on the
+// benchmark machine (AMD Zen 5).
+void philox_tile_avx512(const StreamId& id, std::uint64_t first_block, std::uint32_t* words) {
+  constexpr int kGroups = kBlocksPerTile / 16;
+  const auto key = key_of(id);
+  const auto c = counter_of(id, first_block);
+  const __m512i m0 = _mm512_set1_epi32(static_cast<int>(kPhiloxM0));
+  const __m512i m1 = _mm512_set1_epi32(static_cast<int>(kPhiloxM1));
+  const __m512i lane_offsets = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  __m512i x0[kGroups], x1[kGroups], x2[kGroups], x3[kGroups];
+  for (int g = 0; g < kGroups; ++g) {
+    x0[g] = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(c[0] + static_cast<std::uint32_t>(16 * g))),
+                             lane_offsets);
+    x1[g] = _mm512_set1_epi32(static_cast<int>(c[1]));
+    x2[g] = _mm512_set1_epi32(static_cast<int>(c[2]));
+    x3[g] = _mm512_set1_epi32(static_cast<int>(c[3]));
+  }
+  std::uint32_t k0 = key[0], k1 = key[1];
+#pragma GCC unroll 10
+  for (int round = 0; round < 10; ++round) {
+    const __m512i round_key0 = _mm512_set1_epi32(static_cast<int>(k0));
+    const __m512i round_key1 = _mm512_set1_epi32(static_cast<int>(k1));
+#pragma GCC unroll 4
+    for (int g = 0; g < kGroups; ++g) {
+      // High halves of the products from the even and odd lanes' 64-bit products, low
+      // halves from the 32-bit multiply; then x0 = hi1 ^ x1 ^ k0, x2 = hi0 ^ x3 ^ k1.
+      const __m512i even0 = _mm512_mul_epu32(x0[g], m0);
+      const __m512i odd0 = _mm512_mul_epu32(_mm512_srli_epi64(x0[g], 32), m0);
+      const __m512i hi0 = _mm512_mask_mov_epi32(_mm512_srli_epi64(even0, 32), 0xAAAA, odd0);
+      const __m512i lo0 = _mm512_mullo_epi32(x0[g], m0);
+      const __m512i even1 = _mm512_mul_epu32(x2[g], m1);
+      const __m512i odd1 = _mm512_mul_epu32(_mm512_srli_epi64(x2[g], 32), m1);
+      const __m512i hi1 = _mm512_mask_mov_epi32(_mm512_srli_epi64(even1, 32), 0xAAAA, odd1);
+      const __m512i lo1 = _mm512_mullo_epi32(x2[g], m1);
+      x0[g] = _mm512_ternarylogic_epi32(hi1, x1[g], round_key0, 0x96);  // 0x96: a ^ b ^ c
+      x2[g] = _mm512_ternarylogic_epi32(hi0, x3[g], round_key1, 0x96);
+      x1[g] = lo1;
+      x3[g] = lo0;
+    }
+    k0 += kPhiloxW0;
+    k1 += kPhiloxW1;
+  }
+  for (int g = 0; g < kGroups; ++g) {
+    std::uint32_t* w = words + 16 * g;
+    _mm512_storeu_si512(w, x0[g]);
+    _mm512_storeu_si512(w + kBlocksPerTile, x1[g]);
+    _mm512_storeu_si512(w + 2 * kBlocksPerTile, x2[g]);
+    _mm512_storeu_si512(w + 3 * kBlocksPerTile, x3[g]);
+  }
+}
+
+#ifdef EMU_CONVERT_AVX2
+// The rounding kernels of the AVX2 section below (same steps, documented there) on
+// sixteen lanes, with comparisons into mask registers and masked operations for the
+// selects.
+namespace wide {
+
+inline __m512i splat(std::uint32_t v) { return _mm512_set1_epi32(static_cast<int>(v)); }
+
+// As the AVX2 section's VectorFlags. (No default member initialisers: gcc would make the
+// implicit constructor outside this section's instruction set.)
+struct VectorFlags {
+  __m512i inexact, uflo, flush, max_enc;
+
+  template <class T, Overflow Policy>
+  std::uint32_t raised() const {
+    std::uint32_t flags = 0;
+    if (_mm512_test_epi32_mask(inexact, inexact) != 0) flags |= kInexact;
+    if (_mm512_test_epi32_mask(uflo, uflo) != 0) flags |= kUflo;
+    if (_mm512_test_epi32_mask(flush, flush) != 0) flags |= kUflo | kInexact;
+    if (_mm512_cmpgt_epi32_mask(max_enc, splat(T::kMax)) != 0)
+      flags |= kOflo | kInexact | (Policy == Overflow::nan ? kInv : 0u);
+    return flags;
+  }
+};
+
+template <class T, Overflow Policy, bool Subnormals>
+inline __m512i finish(__m512i x, __m512i a, __m512i enc, __m512i rem, __m512i tiny_rem, VectorFlags& flags) {
+  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(x, 16), splat(T::kSign));
+  __m512i result;
+  if constexpr (Policy == Overflow::inf)
+    result = _mm512_or_si512(sign, _mm512_min_epi32(enc, splat(T::kInf)));
+  else if constexpr (Policy == Overflow::saturate)
+    result = _mm512_or_si512(sign, _mm512_min_epi32(enc, splat(T::kMax)));
+  else  // positive, as emu::round
+    result = _mm512_mask_mov_epi32(_mm512_or_si512(sign, enc), _mm512_cmpgt_epi32_mask(enc, splat(T::kMax)),
+                                   splat(T::kNaN));
+  if constexpr (Subnormals) {
+    flags.inexact = _mm512_or_si512(flags.inexact, rem);
+    flags.uflo = _mm512_or_si512(flags.uflo, tiny_rem);
+    flags.max_enc = _mm512_max_epi32(flags.max_enc, enc);
+  } else {
+    const __mmask16 tiny = _mm512_cmplt_epi32_mask(a, splat(T::kMinNormal));
+    const auto not_tiny = static_cast<__mmask16>(~tiny);
+    result = _mm512_mask_mov_epi32(result, tiny, sign);
+    flags.inexact = _mm512_mask_or_epi32(flags.inexact, not_tiny, flags.inexact, rem);
+    flags.flush = _mm512_mask_or_epi32(flags.flush, tiny, flags.flush, a);
+    flags.max_enc = _mm512_mask_max_epi32(flags.max_enc, not_tiny, flags.max_enc, enc);
+  }
+  return result;
+}
+
+template <Rounding Mode, Overflow Policy, bool Subnormals>
+inline bool bf16_vector(__m512i x, __m512i r, VectorFlags& flags, __m512i& result) {
+  const __m512i a = _mm512_and_si512(x, splat(0x7FFFFFFF));
+  if (_mm512_cmpgt_epi32_mask(a, splat(0x7F7FFFFF)) != 0) return false;
+  __m512i c;
+  if constexpr (Mode == Rounding::rne)
+    c = _mm512_add_epi32(splat(0x7FFF), _mm512_and_si512(_mm512_srli_epi32(a, 16), splat(1)));
+  else
+    c = _mm512_xor_si512(r, splat(0xFFFF));
+  const __m512i enc = _mm512_srli_epi32(_mm512_add_epi32(a, c), 16);
+  const __m512i rem = _mm512_and_si512(a, splat(0xFFFF));
+  __m512i tiny_rem = _mm512_setzero_si512();
+  if constexpr (Subnormals) tiny_rem = _mm512_maskz_mov_epi32(_mm512_cmplt_epi32_mask(a, splat(Bf16::kMinNormal)), rem);
+  result = finish<Bf16, Policy, Subnormals>(x, a, enc, rem, tiny_rem, flags);
+  return true;
+}
+
+template <Overflow Policy, bool Subnormals, bool Ties>
+inline bool fp16_sr_vector(__m512i x, __m512i r, VectorFlags& flags, __m512i& result) {
+  const __m512i a = _mm512_and_si512(x, splat(0x7FFFFFFF));
+  __mmask16 rare = _mm512_cmpgt_epi32_mask(a, splat(0x7F7FFFFF));
+  __m512i kept, rem, f16, tiny_rem = _mm512_setzero_si512();
+  if constexpr (Subnormals) {
+    const __m512i exponent = _mm512_srli_epi32(a, 23);
+    const __m512i c = _mm512_min_epi32(_mm512_max_epi32(_mm512_sub_epi32(exponent, splat(1)), _mm512_setzero_si512()),
+                                       splat(112));
+    const __m512i v = _mm512_sub_epi32(a, _mm512_slli_epi32(c, 23));
+    const __m512i s = _mm512_sub_epi32(splat(125), c);
+    const __m512i d = _mm512_sub_epi32(splat(112), c);
+    kept = _mm512_srlv_epi32(v, s);
+    rem = _mm512_andnot_si512(_mm512_sllv_epi32(splat(~0u), s), v);
+    f16 = _mm512_srlv_epi32(_mm512_slli_epi32(rem, 3), d);
+    tiny_rem = _mm512_min_epu32(rem, d);
+  } else {
+    const __m512i v = _mm512_sub_epi32(a, splat(Fp16::kRebias));
+    kept = _mm512_srli_epi32(v, Fp16::kDrop);
+    rem = _mm512_and_si512(v, splat((1u << Fp16::kDrop) - 1));
+    f16 = _mm512_slli_epi32(rem, 16 - Fp16::kDrop);
+  }
+  if constexpr (Ties) rare = static_cast<__mmask16>(rare | _mm512_cmpeq_epi32_mask(f16, r));
+  if (rare != 0) return false;
+  const __m512i enc = _mm512_mask_add_epi32(kept, _mm512_cmpgt_epi32_mask(f16, r), kept, splat(1));
+  result = finish<Fp16, Policy, Subnormals>(x, a, enc, rem, tiny_rem, flags);
+  return true;
+}
+
+template <class Out, class T>
+inline void store_patterns(Out* out, __m512i p) {
+  if constexpr (std::is_same_v<Out, float> && T::kSameRange) {
+    _mm512_storeu_si512(out, _mm512_slli_epi32(p, 16));
+  } else {
+    const __m256i packed = _mm512_cvtepi32_epi16(p);  // patterns fit in 16 bits
+    if constexpr (std::is_same_v<Out, float>)
+      _mm512_storeu_ps(out, _mm512_cvtph_ps(packed));
+    else
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), packed);
+  }
+}
+
+// As the AVX2 round_tile below, on vectors of sixteen ([begin, end) multiples of 16);
+// returns the flags raised.
+template <class Out, class T, Rounding Mode, Overflow Policy, bool Subnormals, bool Ties>
+std::uint32_t round_tile(const HalfRounding& how, const float* in, Out* out, const std::uint32_t* words,
+                         std::uint32_t low, std::uint64_t first, int begin, int end) {
+  static_assert(kTile / 16 == 32, "one bit per vector of the tile");
+  const __m512i low2 = splat(low | (low << 16));
+  const __m512i zero = _mm512_setzero_si512();
+  VectorFlags flags{zero, zero, zero, zero};
+  std::uint32_t refused = 0;  // bit j / 16: the vector at j
+  std::uint32_t portable_flags = 0;
+  for (int j = begin; j < end; j += 16) {
+    prefetch(in + j + kTile);
+    prefetch_for_write(out + j + kTile);
+    const __m512i x = _mm512_loadu_si512(in + j);
+    __m512i r = _mm512_setzero_si512();
+    if constexpr (Mode == Rounding::sr) {
+      // Elements 0..255 take the low halves of the words, 256..511 the high halves.
+      const __m512i w = _mm512_or_si512(_mm512_load_si512(words + j % kWordsPerTile), low2);
+      r = j < kWordsPerTile ? _mm512_and_si512(w, splat(0xFFFF)) : _mm512_srli_epi32(w, 16);
+    }
+    __m512i p;
+    bool vectorised;
+    if constexpr (std::is_same_v<T, Bf16>)
+      vectorised = bf16_vector<Mode, Policy, Subnormals>(x, r, flags, p);
+    else
+      vectorised = fp16_sr_vector<Policy, Subnormals, Ties>(x, r, flags, p);
+    if (vectorised) [[likely]]
+      store_patterns<Out, T>(out + j, p);
+    else
+      refused |= 1u << (j / 16);
+  }
+  for (; refused != 0; refused &= refused - 1)
+    portable_group<Out, T, Mode, Policy, Subnormals>(how, first, in, out, words, 16 * std::countr_zero(refused), 16,
+                                                     portable_flags);
+  return flags.raised<T, Policy>() | portable_flags;
+}
+
+}  // namespace wide
+#endif  // EMU_CONVERT_AVX2
+
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif  // __AVX2__
+
 // The whole array with the portable kernel, tile by tile. Results go to a local tile
 // first, so `out` may be `in`.
 template <class Out, class T, Rounding Mode, Overflow Policy, bool Subnormals>
@@ -445,7 +627,7 @@ Flags run_scalar(const HalfRounding& how, const float* in, Out* out, std::size_t
     const std::size_t count = std::min<std::size_t>(kTile - offset, n - done);
     const float* src = in + done;
     if constexpr (Mode == Rounding::sr) {
-      philox_tile(how.stream(), index / kTile * kBlocksPerTile, words);
+      philox_tile_portable(how.stream(), index / kTile * kBlocksPerTile, words);
       for (std::size_t j = 0; j < count; ++j) bits[j] = tile_bits(words, offset + j);
     } else {
       std::fill(bits, bits + count, 0u);  // rne reads no random bits
@@ -582,30 +764,6 @@ struct VectorFlags {
   }
 };
 
-// The vector kernels below take eight finite lanes; a vector with an inf or NaN lane
-// (or a tie candidate) is redone lane by lane by the portable kernel, which also settles
-// ties with tie_break_up. Rare in data: the benchmark sets have no inf or NaN, and tie
-// candidates come once in about 8000 vectors.
-template <class T, Rounding Mode, Overflow Policy, bool Subnormals>
-[[gnu::noinline, gnu::cold]] __m256i portable_vector(const HalfRounding& how, std::uint64_t first, __m256i x,
-                                                     __m256i r, std::uint32_t& flags) {
-  alignas(32) std::uint32_t xs[8], rs[8], results[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(xs), x);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(rs), r);
-  const Controls c = controls_for(how);
-  for (int lane = 0; lane < 8; ++lane) {
-    std::uint32_t raised = 0;
-    results[lane] = round_element<T, Mode, Policy, Subnormals>(xs[lane], rs[lane], c, raised);
-    if ((raised & kTie) != 0) {
-      const std::uint32_t up = tie_break_up<T>(how.stream(), first + static_cast<std::uint64_t>(lane), xs[lane],
-                                               rs[lane], how.sr_bits());
-      results[lane] = round_element<T, Mode, Policy, Subnormals>(xs[lane], rs[lane], c, raised, up);
-    }
-    flags |= raised & ~kTie;
-  }
-  return _mm256_load_si256(reinterpret_cast<const __m256i*>(results));
-}
-
 // What all finite lanes need once the rounded magnitude enc (the target's pattern,
 // possibly beyond max) and the discarded bits rem are known:
 //  1. The overflow policy on enc > max: inf: min(enc, inf pattern); saturate: min(enc,
@@ -711,10 +869,6 @@ inline bool fp16_sr_vector(__m256i x, __m256i r, VectorFlags& flags, __m256i& re
   return true;
 }
 
-// Prefetch hints (they never fault, so addresses beyond the array are harmless).
-inline void prefetch(const void* p) { __builtin_prefetch(p, 0); }
-inline void prefetch_for_write(const void* p) { __builtin_prefetch(p, 1); }
-
 // Stores the eight patterns of p (32-bit lanes) as Out at `out`.
 template <class Out, class T>
 inline void store_patterns(Out* out, __m256i p) {
@@ -732,12 +886,11 @@ inline void store_patterns(Out* out, __m256i p) {
 
 // One tile (elements [begin, end) of kTile from `in`, multiples of 8; index of in[0] =
 // `first`, random words `words`, `low2` = the low-bit filler in both halves of a word).
-// Vectors that the
-// vector kernels refuse are left unwritten and redone by the portable kernel after the
-// loop, so that the loop itself has no call (a call would make every vector register
-// caller-saved: gcc then keeps the accumulators in memory and rebuilds the constants in
-// every iteration, about 1.5x slower). A vector's results are stored after it is loaded
-// and the refused ones are not stored at all: `out` may be `in`.
+// Vectors that the vector kernels refuse are left unwritten and redone by the portable
+// kernel after the loop, so that the loop itself has no call (a call would make every
+// vector register caller-saved: gcc then keeps the accumulators in memory and rebuilds
+// the constants in every iteration, about 1.5x slower). A vector's results are stored
+// after it is loaded and the refused ones are not stored at all: `out` may be `in`.
 template <class Out, class T, Rounding Mode, Overflow Policy, bool Subnormals, bool Ties>
 void round_tile(const HalfRounding& how, const float* in, Out* out, const std::uint32_t* words, __m256i low2,
                 std::uint64_t first, int begin, int end, VectorFlags& tile_flags, std::uint32_t& portable_flags) {
@@ -783,107 +936,134 @@ void round_tile(const HalfRounding& how, const float* in, Out* out, const std::u
   half(std::false_type{});
   half(std::true_type{});
   tile_flags = flags;
-  for (; refused != 0; refused &= refused - 1) {
-    const int j = 8 * std::countr_zero(refused);
-    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + j));
-    const __m256i r = j < kWordsPerTile ? random_bits(j, std::false_type{}) : random_bits(j, std::true_type{});
-    store_patterns<Out, T>(out + j, portable_vector<T, Mode, Policy, Subnormals>(
-                                        how, first + static_cast<std::uint64_t>(j), x, r, portable_flags));
-  }
+  for (; refused != 0; refused &= refused - 1)
+    portable_group<Out, T, Mode, Policy, Subnormals>(how, first, in, out, words, 8 * std::countr_zero(refused), 8,
+                                                     portable_flags);
 }
 
-// The whole array, tile by tile. A tile that the array covers only in part (at most the
-// first and the last) goes through a local copy, its vectors padded with zeros (which
-// raise nothing).
+// The whole array, tile by tile, with eight lanes (AVX2) or sixteen (AVX-512F, `wide`,
+// which also makes the random words).
+// A tile that the array covers only in part (at most the first and the last) goes
+// through a local copy, its vectors padded with zeros (which raise nothing).
 template <class Out, class T, Rounding Mode, Overflow Policy, bool Subnormals, bool Ties>
-Flags run_vector(const HalfRounding& how, const float* in, Out* out, std::size_t n, std::uint64_t first_index) {
+Flags run_vector(const HalfRounding& how, const float* in, Out* out, std::size_t n, std::uint64_t first_index,
+                 bool wide) {
   const std::uint32_t low = controls_for(how).low;
   const __m256i low2 = splat(low | (low << 16));
   VectorFlags flags;
-  std::uint32_t portable_flags = 0;  // of the vectors that took the portable kernel
-  alignas(32) std::uint32_t words[kWordsPerTile];
-  alignas(32) float local_in[kTile];
-  alignas(32) Out local_out[kTile];
+  std::uint32_t other_flags = 0;  // of the AVX-512F tiles and of the groups that took the portable kernel
+  alignas(64) std::uint32_t words[kWordsPerTile];
+  alignas(64) float local_in[kTile];
+  alignas(64) Out local_out[kTile];
+  const int lanes = wide ? 16 : 8;
+  auto round_tile_with = [&](const float* tile_in, Out* tile_out, std::uint64_t tile_first, int begin, int end) {
+    if (wide)
+      other_flags |= wide::round_tile<Out, T, Mode, Policy, Subnormals, Ties>(how, tile_in, tile_out, words, low,
+                                                                             tile_first, begin, end);
+    else
+      round_tile<Out, T, Mode, Policy, Subnormals, Ties>(how, tile_in, tile_out, words, low2, tile_first, begin, end,
+                                                          flags, other_flags);
+  };
   std::size_t done = 0;
   while (done < n) {
     const std::uint64_t index = first_index + done;
     const std::size_t offset = static_cast<std::size_t>(index % kTile);  // within the tile
     const std::size_t count = std::min<std::size_t>(kTile - offset, n - done);
-    if constexpr (Mode == Rounding::sr) philox_tile(how.stream(), index / kTile * kBlocksPerTile, words);
+    if constexpr (Mode == Rounding::sr) {
+      if (wide)
+        philox_tile_avx512(how.stream(), index / kTile * kBlocksPerTile, words);
+      else
+        philox_tile_avx2(how.stream(), index / kTile * kBlocksPerTile, words);
+    }
     const std::uint64_t tile_first = index - offset;
     if (count == kTile) {
-      round_tile<Out, T, Mode, Policy, Subnormals, Ties>(how, in + done, out + done, words, low2, tile_first, 0,
-                                                          kTile, flags, portable_flags);
+      round_tile_with(in + done, out + done, tile_first, 0, kTile);
     } else {
       // Only the vectors that hold the array's elements.
-      const int begin = static_cast<int>(offset) / 8 * 8, end = (static_cast<int>(offset + count) + 7) / 8 * 8;
+      const int begin = static_cast<int>(offset) / lanes * lanes;
+      const int end = (static_cast<int>(offset + count) + lanes - 1) / lanes * lanes;
       std::fill(local_in + begin, local_in + end, 0.0f);
       std::copy(in + done, in + done + count, local_in + offset);
-      round_tile<Out, T, Mode, Policy, Subnormals, Ties>(how, local_in, local_out, words, low2, tile_first, begin, end,
-                                                          flags, portable_flags);
+      round_tile_with(local_in, local_out, tile_first, begin, end);
       std::copy(local_out + offset, local_out + offset + count, out + done);
     }
     done += count;
   }
-  return static_cast<Flags>(flags.raised<T, Policy>() | portable_flags);
+  return static_cast<Flags>(flags.raised<T, Policy>() | other_flags);
 }
 #endif  // EMU_CONVERT_AVX2
 
-template <class Out, class T, Rounding Mode, Overflow Policy, bool Subnormals>
-Flags run(const HalfRounding& how, const float* in, Out* out, std::size_t n, std::uint64_t first_index) {
+// Which kernels: the portable one (and Philox), the AVX2 and F16C ones (and Philox), or
+// those with AVX-512F for Philox and the rounding of bf16 and of fp16 sr (fp16 rne keeps
+// the F16C conversion).
+enum class Kernels { portable, avx2, avx512 };
+
+bool available(Kernels kernels) {
 #ifdef EMU_CONVERT_AVX2
-  if constexpr (std::is_same_v<T, Fp16> && Mode == Rounding::rne) {
-    return run_fp16_rne_f16c<Out, Policy, Subnormals>(in, out, n);
-  } else {
-    // Ties need the tie-break only for fp16 with subnormal results and sr_bits 0 or > 16.
-    if constexpr (std::is_same_v<T, Fp16> && Mode == Rounding::sr && Subnormals) {
-      if (controls_for(how).tie_mask != 0)
-        return run_vector<Out, T, Mode, Policy, Subnormals, true>(how, in, out, n, first_index);
-    }
-    return run_vector<Out, T, Mode, Policy, Subnormals, false>(how, in, out, n, first_index);
-  }
+  return kernels != Kernels::avx512 || cpu_has_avx512f();
 #else
-  return run_scalar<Out, T, Mode, Policy, Subnormals>(how, in, out, n, first_index);
+  return kernels == Kernels::portable;
 #endif
 }
 
-// The runtime choice, once per array. Run = run or run_scalar.
-template <bool Portable, class Out, class T, Rounding Mode, Overflow Policy, bool Subnormals>
-Flags run_with(const HalfRounding& how, const float* in, Out* out, std::size_t n, std::uint64_t first) {
-  if constexpr (Portable)
-    return run_scalar<Out, T, Mode, Policy, Subnormals>(how, in, out, n, first);
-  else
-    return run<Out, T, Mode, Policy, Subnormals>(how, in, out, n, first);
+Kernels fastest_kernels() {
+  return available(Kernels::avx512) ? Kernels::avx512 : available(Kernels::avx2) ? Kernels::avx2 : Kernels::portable;
 }
 
-template <bool Portable, class Out, class T, Rounding Mode, Overflow Policy>
-Flags pick_subnormals(const HalfRounding& how, const float* in, Out* out, std::size_t n, std::uint64_t first) {
-  return how.subnormals() ? run_with<Portable, Out, T, Mode, Policy, true>(how, in, out, n, first)
-                          : run_with<Portable, Out, T, Mode, Policy, false>(how, in, out, n, first);
+template <class Out, class T, Rounding Mode, Overflow Policy, bool Subnormals>
+Flags run(Kernels kernels, const HalfRounding& how, const float* in, Out* out, std::size_t n,
+          std::uint64_t first_index) {
+#ifdef EMU_CONVERT_AVX2
+  if (kernels != Kernels::portable) {
+    if constexpr (std::is_same_v<T, Fp16> && Mode == Rounding::rne) {
+      return run_fp16_rne_f16c<Out, Policy, Subnormals>(in, out, n);
+    } else {
+      const bool wide = kernels == Kernels::avx512;
+      // Ties need the tie-break only for fp16 with subnormal results and sr_bits 0 or > 16.
+      if constexpr (std::is_same_v<T, Fp16> && Mode == Rounding::sr && Subnormals) {
+        if (controls_for(how).tie_mask != 0)
+          return run_vector<Out, T, Mode, Policy, Subnormals, true>(how, in, out, n, first_index, wide);
+      }
+      return run_vector<Out, T, Mode, Policy, Subnormals, false>(how, in, out, n, first_index, wide);
+    }
+  }
+#endif
+  return run_scalar<Out, T, Mode, Policy, Subnormals>(how, in, out, n, first_index);
 }
 
-template <bool Portable, class Out, class T, Rounding Mode>
-Flags pick_overflow(const HalfRounding& how, const float* in, Out* out, std::size_t n, std::uint64_t first) {
+// The runtime choice, once per array.
+template <class Out, class T, Rounding Mode, Overflow Policy>
+Flags pick_subnormals(Kernels kernels, const HalfRounding& how, const float* in, Out* out, std::size_t n,
+                      std::uint64_t first) {
+  return how.subnormals() ? run<Out, T, Mode, Policy, true>(kernels, how, in, out, n, first)
+                          : run<Out, T, Mode, Policy, false>(kernels, how, in, out, n, first);
+}
+
+template <class Out, class T, Rounding Mode>
+Flags pick_overflow(Kernels kernels, const HalfRounding& how, const float* in, Out* out, std::size_t n,
+                    std::uint64_t first) {
   switch (how.overflow()) {
-    case Overflow::inf: return pick_subnormals<Portable, Out, T, Mode, Overflow::inf>(how, in, out, n, first);
+    case Overflow::inf: return pick_subnormals<Out, T, Mode, Overflow::inf>(kernels, how, in, out, n, first);
     case Overflow::saturate:
-      return pick_subnormals<Portable, Out, T, Mode, Overflow::saturate>(how, in, out, n, first);
-    case Overflow::nan: return pick_subnormals<Portable, Out, T, Mode, Overflow::nan>(how, in, out, n, first);
+      return pick_subnormals<Out, T, Mode, Overflow::saturate>(kernels, how, in, out, n, first);
+    case Overflow::nan: return pick_subnormals<Out, T, Mode, Overflow::nan>(kernels, how, in, out, n, first);
   }
   throw std::logic_error("round_to_bits: unknown overflow policy");
 }
 
-template <bool Portable, class Out, class T>
-Flags pick_mode(const HalfRounding& how, const float* in, Out* out, std::size_t n, std::uint64_t first) {
-  return how.mode() == Rounding::rne ? pick_overflow<Portable, Out, T, Rounding::rne>(how, in, out, n, first)
-                                     : pick_overflow<Portable, Out, T, Rounding::sr>(how, in, out, n, first);
+template <class Out, class T>
+Flags pick_mode(Kernels kernels, const HalfRounding& how, const float* in, Out* out, std::size_t n,
+                std::uint64_t first) {
+  return how.mode() == Rounding::rne ? pick_overflow<Out, T, Rounding::rne>(kernels, how, in, out, n, first)
+                                     : pick_overflow<Out, T, Rounding::sr>(kernels, how, in, out, n, first);
 }
 
-template <bool Portable, class Out>
-Flags dispatch(const HalfRounding& how, std::span<const float> in, std::span<Out> out, std::uint64_t first) {
+template <class Out>
+Flags dispatch(Kernels kernels, const HalfRounding& how, std::span<const float> in, std::span<Out> out,
+               std::uint64_t first) {
   if (in.size() != out.size()) throw std::invalid_argument("round_to_bits: input and output sizes differ");
-  return how.is_bf16() ? pick_mode<Portable, Out, Bf16>(how, in.data(), out.data(), in.size(), first)
-                       : pick_mode<Portable, Out, Fp16>(how, in.data(), out.data(), in.size(), first);
+  return how.is_bf16() ? pick_mode<Out, Bf16>(kernels, how, in.data(), out.data(), in.size(), first)
+                       : pick_mode<Out, Fp16>(kernels, how, in.data(), out.data(), in.size(), first);
 }
 
 bool has_layout(const Format& f, int exponent_bits, int fraction_bits) {
@@ -911,19 +1091,30 @@ HalfRounding::HalfRounding(const Format& format, const RoundSpec& spec, StreamId
 
 Flags round_to_bits(const HalfRounding& how, std::span<const float> in, std::span<std::uint16_t> out,
                     std::uint64_t first_index) {
-  return dispatch<false, std::uint16_t>(how, in, out, first_index);
+  return dispatch<std::uint16_t>(fastest_kernels(), how, in, out, first_index);
 }
 
 Flags round_to_float(const HalfRounding& how, std::span<const float> in, std::span<float> out,
                      std::uint64_t first_index) {
-  return dispatch<false, float>(how, in, out, first_index);
+  return dispatch<float>(fastest_kernels(), how, in, out, first_index);
 }
 
 namespace detail {
 
-Flags round_to_bits_portable(const HalfRounding& how, std::span<const float> in, std::span<std::uint16_t> out,
-                             std::uint64_t first_index) {
-  return dispatch<true, std::uint16_t>(how, in, out, first_index);
+std::optional<Flags> round_to_bits_with(int implementation, const HalfRounding& how, std::span<const float> in,
+                                        std::span<std::uint16_t> out, std::uint64_t first_index) {
+  if (implementation < 0 || implementation > 2) return std::nullopt;
+  const auto kernels = static_cast<Kernels>(implementation);
+  if (!available(kernels)) return std::nullopt;
+  return dispatch<std::uint16_t>(kernels, how, in, out, first_index);
+}
+
+std::optional<Flags> round_to_float_with(int implementation, const HalfRounding& how, std::span<const float> in,
+                                         std::span<float> out, std::uint64_t first_index) {
+  if (implementation < 0 || implementation > 2) return std::nullopt;
+  const auto kernels = static_cast<Kernels>(implementation);
+  if (!available(kernels)) return std::nullopt;
+  return dispatch<float>(kernels, how, in, out, first_index);
 }
 
 bool philox_tile_words(int implementation, const StreamId& stream, std::uint64_t tile,

@@ -10,15 +10,16 @@
 // hardware conversion (exact) for the values and integer masks for the flags, NaN
 // canonicalisation, overflow policies and the flush of subnormals off; bf16 and fp16 sr
 // with integer code on the float32 bit patterns (per-lane shifts for fp16's subnormal
-// results), where a group of eight with an inf or NaN input (or one that needs more
-// than 16 random bits, see below) takes the portable kernel; the random words come from
-// AVX-512F code where the CPU has it (chosen at run time), else from AVX2 code. Other
-// builds take the portable element-wise kernel throughout, which gives the same results
-// (detail::round_to_bits_portable; the tests compare the two).
+// results), where a group of eight with an inf or NaN input (or with an element whose
+// first 16 random bits may not decide, see below) takes the portable kernel. On CPUs
+// with AVX-512F (chosen at run time) the random words, bf16 and fp16 sr use it, sixteen
+// lanes at a time. Other builds take the portable element-wise kernel throughout. All
+// give the same results (detail::round_to_bits_with; the tests compare them).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include "format.hpp"
@@ -47,9 +48,9 @@ namespace emu {
 // k random bits are added (as their complement) below the kept bits and the sum is
 // truncated, as emu::round documents for sr_bits = k. rho has enough bits: f has at
 // most 125 (fp16 results of float32 subnormals). The first 16 bits decide unless
-// r == floor(f 2^16) and f has bits beyond its first 16, which needs more than 16
-// discarded bits: fp16 with |x| < 2^-17 (subnormal results), never bf16 (always 16
-// discarded bits) nor fp16 normal results (13); and sr_bits 0 or above 16. Only then
+// r == floor(f 2^16), f has bits beyond its first 16 (more than 16 discarded bits: only
+// fp16 with |x| < 2^-17, whose results are subnormal; never bf16, always 16 discarded
+// bits, nor fp16 normal results, 13) and sr_bits is 0 or above 16; only then
 // (probability 2^-16 per such element) is block 2^47 + i generated. Main bits come from
 // blocks below 2^44 and tie-break blocks from 2^47 + i, so indices must stay below
 // 2^47. Give the kernel a lane of its own (StreamId::lane) if the same stream also
@@ -93,13 +94,19 @@ Flags round_to_float(const HalfRounding& how, std::span<const float> in, std::sp
                      std::uint64_t first_index = 0);
 
 namespace detail {
-// round_to_bits through the portable element-wise kernel that builds without AVX2 and
-// F16C use; the same results. For tests, which check the vector kernels against it.
-Flags round_to_bits_portable(const HalfRounding& how, std::span<const float> in, std::span<std::uint16_t> out,
-                             std::uint64_t first_index = 0);
+// For tests, which check every implementation this build and CPU offer (round_to_bits
+// and round_to_float take the fastest): round_to_bits / round_to_float through the
+// kernels of implementation 0 (portable, element by element: builds without AVX2 and
+// F16C), 1 (AVX2 and F16C: CPUs without AVX-512F) or 2 (1 with AVX-512F for the random
+// words, bf16 and fp16 sr, chosen at run time where the CPU has it); all give the same
+// results. nullopt where this build or CPU lacks the implementation.
+std::optional<Flags> round_to_bits_with(int implementation, const HalfRounding& how, std::span<const float> in,
+                                        std::span<std::uint16_t> out, std::uint64_t first_index = 0);
+std::optional<Flags> round_to_float_with(int implementation, const HalfRounding& how, std::span<const float> in,
+                                         std::span<float> out, std::uint64_t first_index = 0);
 // The Philox words of tile `tile` (words[w * 64 + j] = word w of block 64 tile + j) from
-// implementation 0 (portable), 1 (AVX2) or 2 (AVX-512F, chosen at run time where the CPU
-// has it); false, leaving `words` alone, where this build or CPU lacks it. For tests.
+// implementation 0 (portable), 1 (AVX2) or 2 (AVX-512F); false, leaving `words` alone,
+// where this build or CPU lacks it.
 bool philox_tile_words(int implementation, const StreamId& stream, std::uint64_t tile,
                        std::span<std::uint32_t, 256> words);
 }  // namespace detail

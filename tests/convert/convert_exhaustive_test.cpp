@@ -63,18 +63,24 @@ void check_range(const emu::Format& format, std::uint64_t begin, std::uint64_t e
 }
 
 // sr: the element index is the input's bit pattern, so each input meets its own random
-// bits. Whole 4096-element calls, and aligned 8-element calls (the vector width) for
-// their flags.
+// bits. Whole 4096-element calls through every implementation this build and CPU have
+// (emu::detail::round_to_bits_with), and aligned 8-element calls (the AVX2 vector width)
+// through the fastest one, for their flags.
 void check_sr_range(const emu::Format& format, const emu::RoundSpec& spec, std::uint64_t begin, std::uint64_t end,
                     Mismatches& bad) {
   const emu::StreamId stream{.seed = 2718, .point = 28, .lane = 1};
   const emu::HalfRounding how(format, spec, stream);
   constexpr std::size_t kChunk = 4096;  // a multiple of the 512-element tile
   std::vector<float> in(kChunk);
-  std::vector<std::uint16_t> bits(kChunk);
+  std::vector<std::uint16_t> bits(kChunk), other(kChunk);
   for (std::uint64_t start = begin; start < end; start += kChunk) {
     for (std::size_t j = 0; j < kChunk; ++j) in[j] = std::bit_cast<float>(static_cast<std::uint32_t>(start + j));
     const emu::Flags chunk_flags = emu::round_to_bits(how, in, bits, start);
+    for (int implementation = 0; implementation < 3; ++implementation) {
+      const auto flags = emu::detail::round_to_bits_with(implementation, how, in, other, start);
+      if (flags && (*flags != chunk_flags || other != bits))
+        ++bad.bits, bad.first_bad_input = std::bit_cast<std::uint32_t>(in[0]);
+    }
     emu::Flags expected_chunk = 0;
     std::array<std::uint16_t, 512> r{};
     for (std::size_t j = 0; j < kChunk; j += 8) {
@@ -132,3 +138,4 @@ TEST_CASE("fp16 sr kernel (exact) on all 2^32 float32 inputs", "[convert][exhaus
 TEST_CASE("bf16 sr kernel (exact) on all 2^32 float32 inputs", "[convert][exhaustive]") {
   check_all_sr(emu::bf16(), {.mode = emu::Rounding::sr}, std::uint64_t{1} << 32);
 }
+

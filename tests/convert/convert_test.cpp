@@ -286,28 +286,35 @@ TEST_CASE("fp16 sr: normal, subnormal and overflowing results mixed within 8 lan
     for (const int sr_bits : {0, 1, 5, 12, 13, 16, 17, 24, 32}) {
       INFO("overflow " << emu::overflow_name(overflow) << " sr_bits = " << sr_bits);
       const emu::RoundSpec spec{.mode = emu::Rounding::sr, .overflow = overflow, .sr_bits = sr_bits};
-      std::vector<std::uint16_t> bits(in.size());
-      const emu::Flags flags = emu::round_to_bits(emu::HalfRounding(emu::fp16(), spec, stream), in, bits, first);
+      std::vector<documented::Expected> expected;
       emu::Flags expected_flags = 0;
-      std::size_t mismatches = 0;
       for (std::size_t j = 0; j < in.size(); ++j) {
-        const documented::Expected e = expected_sr(emu::fp16(), spec, in[j], stream, first + j);
-        expected_flags |= e.flags;
-        if (bits[j] != e.bits && ++mismatches <= 5)
-          FAIL_CHECK("j = " << j << " x = " << in[j] << " got " << bits[j] << " expected " << e.bits);
+        expected.push_back(expected_sr(emu::fp16(), spec, in[j], stream, first + j));
+        expected_flags |= expected.back().flags;
       }
-      CHECK(mismatches == 0);
-      CHECK(flags == expected_flags);
-      CHECK((flags & (emu::OFLO | emu::UFLO | emu::INEXACT)) == (emu::OFLO | emu::UFLO | emu::INEXACT));
+      CHECK((expected_flags & (emu::OFLO | emu::UFLO | emu::INEXACT)) == (emu::OFLO | emu::UFLO | emu::INEXACT));
+      for (int implementation = 0; implementation < 3; ++implementation) {
+        INFO("implementation " << implementation);
+        std::vector<std::uint16_t> bits(in.size());
+        const auto flags = emu::detail::round_to_bits_with(implementation, emu::HalfRounding(emu::fp16(), spec, stream),
+                                                           in, bits, first);
+        if (!flags) continue;
+        std::size_t mismatches = 0;
+        for (std::size_t j = 0; j < in.size(); ++j)
+          if (bits[j] != expected[j].bits && ++mismatches <= 5)
+            FAIL_CHECK("j = " << j << " x = " << in[j] << " got " << bits[j] << " expected " << expected[j].bits);
+        CHECK(mismatches == 0);
+        CHECK(*flags == expected_flags);
+      }
     }
 }
 
 TEST_CASE("sr of every lane class: bits and flags of the direction the documented bits choose", "[convert]") {
   // The dense sample (every exponent, ties and sticky bits at every position, inf, NaN,
-  // zeros, subnormal inputs) under every format, overflow policy and subnormals setting:
-  // each result is emu::round's toward zero or away from zero as the documented rule
-  // says, with that rounding's flags (checked per aligned 8-element call, the vector
-  // width, and for the whole array).
+  // zeros, subnormal inputs) under every format, overflow policy and subnormals setting,
+  // through every implementation: each result is emu::round's toward zero or away from
+  // zero as the documented rule says, with that rounding's flags (checked per aligned
+  // 8-element call, the AVX2 vector width, and for the whole array).
   std::vector<float> sample = dense_sample();
   std::vector<float> part;
   for (std::size_t i = 0; i < sample.size(); i += 5) part.push_back(sample[i]);  // a fifth: it is long
@@ -320,31 +327,36 @@ TEST_CASE("sr of every lane class: bits and flags of the direction the documente
       INFO(format.name() << " overflow " << emu::overflow_name(cfg.overflow) << " subnormals " << cfg.subnormals
                          << " sr_bits " << sr_bits);
       const emu::HalfRounding how(format, spec, stream);
-      std::vector<std::uint16_t> bits(part.size());
-      const emu::Flags all_flags = emu::round_to_bits(how, part, bits, first);
-      emu::Flags expected_all = 0, expected_chunk = 0;
-      std::size_t bit_mismatches = 0, chunk_flag_mismatches = 0;
+      std::vector<documented::Expected> expected;
+      emu::Flags expected_all = 0;
       for (std::size_t i = 0; i < part.size(); ++i) {
-        const documented::Expected e = expected_sr(format, spec, part[i], stream, first + i);
-        expected_all |= e.flags;
-        expected_chunk |= e.flags;
-        if (bits[i] != e.bits && ++bit_mismatches <= 5)
-          FAIL_CHECK("x = " << part[i] << " bits " << bits[i] << " expected " << e.bits);
-        if ((first + i) % 8 == 7) {
-          std::uint16_t chunk_bits[8];
-          const emu::Flags chunk_flags = emu::round_to_bits(how, std::span(&part[i - 7], 8), std::span(chunk_bits, 8),
-                                                            first + i - 7);
-          if (chunk_flags != expected_chunk && ++chunk_flag_mismatches <= 5)
-            FAIL_CHECK("x = " << part[i - 7] << ".. (8) flags " << int(chunk_flags) << " expected "
-                              << int(expected_chunk));
-          expected_chunk = 0;
-        } else if (i == 0) {
-          expected_chunk = 0;  // the first, partial group of 8 is not checked
-        }
+        expected.push_back(expected_sr(format, spec, part[i], stream, first + i));
+        expected_all |= expected.back().flags;
       }
-      CHECK(bit_mismatches == 0);
-      CHECK(chunk_flag_mismatches == 0);
-      CHECK(all_flags == expected_all);
+      for (int implementation = 0; implementation < 3; ++implementation) {
+        INFO("implementation " << implementation);
+        std::vector<std::uint16_t> bits(part.size());
+        const auto all_flags = emu::detail::round_to_bits_with(implementation, how, part, bits, first);
+        if (!all_flags) continue;
+        CHECK(*all_flags == expected_all);
+        std::size_t bit_mismatches = 0, chunk_flag_mismatches = 0;
+        for (std::size_t i = 0; i < part.size(); ++i)
+          if (bits[i] != expected[i].bits && ++bit_mismatches <= 5)
+            FAIL_CHECK("x = " << part[i] << " bits " << bits[i] << " expected " << expected[i].bits);
+        CHECK(bit_mismatches == 0);
+        // Aligned 8-element calls (indices first + i multiples of 8).
+        for (std::size_t i = (8 - first % 8) % 8; i + 8 <= part.size(); i += 8) {
+          emu::Flags expected_chunk = 0;
+          for (std::size_t k = i; k < i + 8; ++k) expected_chunk |= expected[k].flags;
+          std::uint16_t chunk_bits[8];
+          const auto chunk_flags = emu::detail::round_to_bits_with(implementation, how, std::span(&part[i], 8),
+                                                                   std::span(chunk_bits, 8), first + i);
+          if (*chunk_flags != expected_chunk && ++chunk_flag_mismatches <= 5)
+            FAIL_CHECK("x = " << part[i] << ".. (8) flags " << int(*chunk_flags) << " expected "
+                              << int(expected_chunk));
+        }
+        CHECK(chunk_flag_mismatches == 0);
+      }
     }
 }
 
@@ -417,6 +429,10 @@ TEST_CASE("sr settles r == floor(f 2^16) exactly with the tie-break block (fp16 
       start += len;
     }
     CHECK(pieces == bits);
+    for (int implementation = 0; implementation < 3; ++implementation) {  // every one: the same
+      std::vector<std::uint16_t> other(in.size());
+      if (emu::detail::round_to_bits_with(implementation, how, in, other, first)) CHECK(other == bits);
+    }
     int ties = 0, ties_up = 0, deep_up = 0, mismatches = 0;
     for (std::size_t j = 0; j < in.size(); ++j) {
       const auto magnitude_bits = static_cast<std::uint16_t>(bits[j] & 0x7FFF);
@@ -444,11 +460,13 @@ TEST_CASE("sr settles r == floor(f 2^16) exactly with the tie-break block (fp16 
   }
 }
 
-TEST_CASE("the vector kernels equal the portable kernel", "[convert]") {
-  // Same bits and flags for every configuration, whole array and in pieces.
+TEST_CASE("every implementation gives the same bits and flags", "[convert]") {
+  // The portable kernel, AVX2 and AVX-512F (those this build and CPU have) on the dense
+  // sample, every configuration, whole array and in pieces; round_to_float too.
   const std::vector<float> sample = dense_sample();
   const emu::StreamId stream{.seed = 8, .point = 2, .replica = 3, .lane = 4};
   std::mt19937 gen(17);
+  int implementations = 0;
   for (const Config& cfg : all_configs())
     for (const int sr_bits : {-1, 0, 3, 16, 17, 32}) {  // -1: rne
       const emu::Format format = cfg.format->with_subnormals(cfg.subnormals);
@@ -458,27 +476,48 @@ TEST_CASE("the vector kernels equal the portable kernel", "[convert]") {
       INFO(format.name() << " overflow " << emu::overflow_name(cfg.overflow) << " subnormals " << cfg.subnormals
                          << " sr_bits " << sr_bits);
       const emu::HalfRounding how(format, spec, stream);
-      std::vector<std::uint16_t> fast(sample.size()), portable(sample.size());
-      const emu::Flags fast_flags = emu::round_to_bits(how, sample, fast, 99);
-      const emu::Flags portable_flags = emu::detail::round_to_bits_portable(how, sample, portable, 99);
-      CHECK(fast_flags == portable_flags);
-      std::size_t mismatches = 0;
-      for (std::size_t i = 0; i < sample.size(); ++i)
-        if (fast[i] != portable[i] && ++mismatches <= 5)
-          FAIL_CHECK("x = " << sample[i] << " vector " << fast[i] << " portable " << portable[i]);
-      CHECK(mismatches == 0);
-      // Pieces of random lengths, aligned or not.
-      std::vector<std::uint16_t> pieces(sample.size());
-      emu::Flags piece_flags = 0;
-      for (std::size_t start = 0; start < sample.size();) {
-        const std::size_t len = std::min<std::size_t>(1 + gen() % 2000, sample.size() - start);
-        piece_flags |= emu::round_to_bits(how, std::span(sample).subspan(start, len),
-                                          std::span(pieces).subspan(start, len), 99 + start);
-        start += len;
+      std::vector<std::uint16_t> portable(sample.size());
+      const auto portable_flags = emu::detail::round_to_bits_with(0, how, sample, portable, 99);
+      REQUIRE(portable_flags.has_value());
+      std::vector<float> portable_values(sample.size());
+      CHECK(emu::detail::round_to_float_with(0, how, sample, portable_values, 99) == portable_flags);
+      implementations = 1;
+      for (int implementation = 1; implementation < 3; ++implementation) {
+        INFO("implementation " << implementation);
+        std::vector<std::uint16_t> bits(sample.size());
+        const auto flags = emu::detail::round_to_bits_with(implementation, how, sample, bits, 99);
+        if (!flags) continue;
+        ++implementations;
+        CHECK(*flags == *portable_flags);
+        std::size_t mismatches = 0, value_mismatches = 0;
+        for (std::size_t i = 0; i < sample.size(); ++i)
+          if (bits[i] != portable[i] && ++mismatches <= 5)
+            FAIL_CHECK("x = " << sample[i] << " bits " << bits[i] << " portable " << portable[i]);
+        CHECK(mismatches == 0);
+        // In place, as floats.
+        std::vector<float> values = sample;
+        CHECK(emu::detail::round_to_float_with(implementation, how, values, values, 99) == portable_flags);
+        for (std::size_t i = 0; i < sample.size(); ++i)
+          if (!same_float(values[i], portable_values[i]) && ++value_mismatches <= 5)
+            FAIL_CHECK("x = " << sample[i] << " value " << values[i] << " portable " << portable_values[i]);
+        CHECK(value_mismatches == 0);
+        // Pieces of random lengths, aligned or not.
+        std::vector<std::uint16_t> pieces(sample.size());
+        emu::Flags piece_flags = 0;
+        for (std::size_t start = 0; start < sample.size();) {
+          const std::size_t len = std::min<std::size_t>(1 + gen() % 2000, sample.size() - start);
+          piece_flags |= *emu::detail::round_to_bits_with(implementation, how, std::span(sample).subspan(start, len),
+                                                          std::span(pieces).subspan(start, len), 99 + start);
+          start += len;
+        }
+        CHECK(pieces == portable);
+        CHECK(piece_flags == *portable_flags);
       }
-      CHECK(pieces == fast);
-      CHECK(piece_flags == fast_flags);
     }
+#ifdef __AVX2__
+  CHECK(implementations >= 2);
+#endif
+  if (implementations < 3) WARN("no AVX-512F on this CPU: its kernels were not tested");
 }
 
 TEST_CASE("every Philox implementation gives the documented blocks", "[convert]") {
