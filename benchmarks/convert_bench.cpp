@@ -1,10 +1,12 @@
 // Speed of the array rounding kernels (emu/convert.hpp), single-threaded, against two
 // references measured in the same run: memcpy of the float32 array and the CPU's F16C
 // conversion (_mm256_cvtps_ph). Prints Melem/s (best of 5, thread CPU time) and the
-// ratios; never fails on speed.
+// ratios, and the speed of sr's random words per Philox implementation; never fails on
+// speed.
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <ctime>
 #include <cmath>
 #include <cstdint>
@@ -86,11 +88,43 @@ void run_data_set(const char* title, const std::vector<float>& data) {
     const std::string name = std::string(c.name) + " ->float";
     report(name.c_str(), best_seconds([&] { flags |= emu::round_to_float(how, data, copy); }));
   }
+  // Where the CPU has AVX-512F (the kernels then use it), the AVX2 kernels as well: what
+  // a CPU without it gets.
+  if (emu::detail::round_to_bits_with(2, emu::HalfRounding(emu::fp16(), {}), {}, {})) {
+    for (const Case& c : cases) {
+      if (c.mode == emu::Rounding::rne && &c.format == &emu::fp16()) continue;  // F16C either way
+      const emu::HalfRounding how(c.format, emu::RoundSpec{.mode = c.mode}, stream);
+      const std::string name = std::string(c.name) + " [AVX2]";
+      report(name.c_str(), best_seconds([&] { flags |= *emu::detail::round_to_bits_with(1, how, data, bits); }));
+    }
+  }
   std::printf("  (flags raised: %s)\n", [&] {
     std::string s;
     for (const auto& n : emu::flag_names(flags)) s += n + " ";
     return s;
   }().c_str());
+}
+
+// The random words of sr (Philox4x32-10, 64 blocks = 256 words per tile) from each
+// implementation the build and the CPU offer; the kernels use the fastest.
+void run_philox() {
+  std::printf("\nsr random words (Philox4x32-10), per implementation\n");
+  std::printf("  %-22s %12s\n", "implementation", "Mwords/s");
+  const emu::StreamId stream{.seed = 2024, .lane = 7};
+  constexpr std::uint64_t kTiles = 100'000;
+  const char* names[] = {"portable", "AVX2", "AVX-512F"};
+  for (int implementation = 0; implementation < 3; ++implementation) {
+    std::array<std::uint32_t, 256> words{};
+    if (!emu::detail::philox_tile_words(implementation, stream, 0, words)) {
+      std::printf("  %-22s %12s\n", names[implementation], "(not here)");
+      continue;
+    }
+    const std::uint64_t tiles = implementation == 0 ? kTiles / 10 : kTiles;
+    const double seconds = best_seconds([&] {
+      for (std::uint64_t t = 0; t < tiles; ++t) emu::detail::philox_tile_words(implementation, stream, t, words);
+    });
+    std::printf("  %-22s %12.1f\n", names[implementation], static_cast<double>(tiles * 256) / seconds * 1e-6);
+  }
 }
 
 }  // namespace
@@ -113,5 +147,6 @@ int main() {
               kRepetitions);
   run_data_set("uniform in [-100, 100]", uniform);
   run_data_set("|x| = 2^u, u uniform in (-30, 20), random sign", wide);
+  run_philox();
   return 0;
 }

@@ -4,17 +4,22 @@
 // The fast kernels give the same bits and flags as emu::round (see round.hpp): rne,
 // and sr with exact probabilities or with k random bits, under every Overflow policy,
 // with subnormals on or off, tininess decided before rounding. The runtime choice
-// (format, mode, policy, subnormals) is made once per call; the loop is branch-free
-// integer code on the float32 bit patterns, except fp16 rne in builds with F16C and
-// AVX2: the hardware conversion (exact) gives the values, integer masks the flags,
-// NaN canonicalisation, overflow policies and the flush of subnormals off; and sr in
-// builds with F16C and AVX2, for runs of 256 elements whose results are all normal and
-// finite: the random bits are added below the kept bits and the sum truncated (F16C for
-// fp16), which is the same decision as the rule below; other runs take the integer code.
+// (format, mode, policy, subnormals) is made once per call. In builds with AVX2 and
+// F16C the elements go through branch-free vector code, eight lanes at a time whatever
+// mix of normal, subnormal, zero and overflowing results they hold: fp16 rne with the
+// hardware conversion (exact) for the values and integer masks for the flags, NaN
+// canonicalisation, overflow policies and the flush of subnormals off; bf16 and fp16 sr
+// with integer code on the float32 bit patterns (per-lane shifts for fp16's subnormal
+// results), where a group of eight with an inf or NaN input (or with an element whose
+// first 16 random bits may not decide, see below) takes the portable kernel. On CPUs
+// with AVX-512F (chosen at run time) the random words, bf16 and fp16 sr use it, sixteen
+// lanes at a time. Other builds take the portable element-wise kernel throughout. All
+// give the same results (detail::round_to_bits_with; the tests compare them).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include "format.hpp"
@@ -29,24 +34,27 @@ namespace emu {
 // Stochastic rounding (spec.mode == sr) takes its random bits from the Philox4x32-10
 // stream `stream` (same key and counter layout as emu::Philox4x32), as a pure function
 // of the element's index, so results do not depend on threads or on how an array is cut
-// into calls. Element i (its index counted from `first_index` of the call) uses one
-// 32-bit word r:
-//     tile t = i / 256, e = i % 256:  r = word (e / 64) of block (64 t + e % 64).
-// With f the discarded fraction of |x| (in ulps of the result, 0 <= f < 1) and
-// F = floor(f * 2^32), the magnitude rounds up iff
-//     sr_bits == 0 (exact):  r < F, or r == F and a tie-break below says up;
-//     sr_bits == k, 1..32:   (r >> (32 - k)) < (F >> (32 - k)),
-// i.e. k random bits are added (as their complement) below the kept bits and the sum is
-// truncated: P(up) = floor(f 2^k) / 2^k, as emu::round documents for sr_bits = k.
-// F == f * 2^32 exactly whenever the discarded part has at most 32 bits: always for
-// bf16 (16 discarded bits), and for fp16 whenever |x| >= 2^-33 (13 bits for normal
-// results, 14..32 for subnormal ones). Below 2^-33 (fp16 only; such x round to 0 or to
-// the least subnormal 2^-24) f has up to 125 bits: with sr_bits == 0 the rare case
-// r == F (probability 2^-32) is settled exactly by the 128 bits of block 2^47 + i of the
-// same stream, so P(up) == f; with sr_bits == 32 it rounds down, a bias toward zero of
-// less than 2^-32 ulp. Main words come from blocks below 2^45 and tie-breaks from
-// blocks 2^47 + i, so indices must stay below 2^47. Give the kernel a lane of its own
-// (StreamId::lane) if the same stream also feeds an emu::Rng.
+// into calls. Element i (its index counted from `first_index` of the call) has a random
+// fraction rho in [0, 1) of 144 bits, most significant first:
+//   r, 16 bits:  tile t = i / 512, e = i % 512, q = e % 256, h = e / 256:
+//                r = bits 16h .. 16h + 15 of word (q / 64) of block (64 t + q % 64),
+//                i.e. elements 0..255 of a tile take the low halves of its 256 words,
+//                elements 256..511 the high halves;
+//   then 128 bits: words 0, 1, 2, 3 of block 2^47 + i.
+// With f the discarded fraction of |x| (in ulps of the result, 0 <= f < 1), the
+// magnitude rounds up iff
+//     sr_bits == 0 (exact):  rho < f, so P(up) == f;
+//     sr_bits == k, 1..32:   floor(rho 2^k) < floor(f 2^k), P(up) = floor(f 2^k) / 2^k:
+// k random bits are added (as their complement) below the kept bits and the sum is
+// truncated, as emu::round documents for sr_bits = k. rho has enough bits: f has at
+// most 125 (fp16 results of float32 subnormals). The first 16 bits decide unless
+// r == floor(f 2^16), f has bits beyond its first 16 (more than 16 discarded bits: only
+// fp16 with |x| < 2^-17, whose results are subnormal; never bf16, always 16 discarded
+// bits, nor fp16 normal results, 13) and sr_bits is 0 or above 16; only then
+// (probability 2^-16 per such element) is block 2^47 + i generated. Main bits come from
+// blocks below 2^44 and tie-break blocks from 2^47 + i, so indices must stay below
+// 2^47. Give the kernel a lane of its own (StreamId::lane) if the same stream also
+// feeds an emu::Rng.
 class HalfRounding {
  public:
   // Throws std::invalid_argument unless `format` has fp16's or bf16's layout (IEEE
@@ -84,6 +92,24 @@ Flags round_to_bits(const HalfRounding& how, std::span<const float> in, std::spa
 // as the float quiet NaN 0x7fc00000 with its sign). `out` may be `in` itself.
 Flags round_to_float(const HalfRounding& how, std::span<const float> in, std::span<float> out,
                      std::uint64_t first_index = 0);
+
+namespace detail {
+// For tests, which check every implementation this build and CPU offer (round_to_bits
+// and round_to_float take the fastest): round_to_bits / round_to_float through the
+// kernels of implementation 0 (portable, element by element: builds without AVX2 and
+// F16C), 1 (AVX2 and F16C: CPUs without AVX-512F) or 2 (1 with AVX-512F for the random
+// words, bf16 and fp16 sr, chosen at run time where the CPU has it); all give the same
+// results. nullopt where this build or CPU lacks the implementation.
+std::optional<Flags> round_to_bits_with(int implementation, const HalfRounding& how, std::span<const float> in,
+                                        std::span<std::uint16_t> out, std::uint64_t first_index = 0);
+std::optional<Flags> round_to_float_with(int implementation, const HalfRounding& how, std::span<const float> in,
+                                         std::span<float> out, std::uint64_t first_index = 0);
+// The Philox words of tile `tile` (words[w * 64 + j] = word w of block 64 tile + j) from
+// implementation 0 (portable), 1 (AVX2) or 2 (AVX-512F); false, leaving `words` alone,
+// where this build or CPU lacks it.
+bool philox_tile_words(int implementation, const StreamId& stream, std::uint64_t tile,
+                       std::span<std::uint32_t, 256> words);
+}  // namespace detail
 
 // Any format, any mode: out[j] = round(format, in[j], spec, rng, flags), element by
 // element through the scalar emu::round, in index order (so sr consumes `rng`

@@ -3,6 +3,7 @@
 // by the documented choice of random words.
 #include <immintrin.h>
 
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <catch2/catch.hpp>
 
 #include "emu/convert.hpp"
+#include "documented_sr.hpp"
 
 namespace {
 
@@ -211,68 +213,61 @@ TEST_CASE("sr with k random bits: P(up) = floor(f 2^k) / 2^k, as emu::round docu
 
 namespace {
 
-// The random word of element i, computed from the documentation in convert.hpp with
-// the generator of emu/rng.hpp.
-std::uint32_t documented_word(const emu::StreamId& id, std::uint64_t i) {
-  const std::uint64_t block = i / 256 * 64 + i % 64;
-  const emu::Philox4x32::Block counter = {static_cast<std::uint32_t>(block),
-                                          static_cast<std::uint32_t>(block >> 32) | (std::uint32_t{id.lane} << 16),
-                                          id.point, id.replica};
-  const auto key = std::array<std::uint32_t, 2>{static_cast<std::uint32_t>(id.seed),
-                                                static_cast<std::uint32_t>(id.seed >> 32)};
-  return emu::Philox4x32::block(key, counter)[i % 256 / 64];
+documented::Expected expected_sr(const emu::Format& format, const emu::RoundSpec& sr, float x,
+                                 const emu::StreamId& stream, std::uint64_t index) {
+  return documented::expected_sr(format, sr, x, stream, index, documented::r_bits(stream, index));
 }
 
 }  // namespace
 
-TEST_CASE("sr uses the documented random word of each element", "[convert]") {
+TEST_CASE("sr uses the documented random bits of each element", "[convert]") {
   const emu::StreamId stream{.seed = 0x1234'5678'9abc'def0ull, .point = 3, .replica = 4, .lane = 5};
   const std::uint64_t first = 1'000'003;  // not a multiple of the tile
   std::mt19937 gen(11);
   std::uniform_real_distribution<float> dist(-60000.0f, 60000.0f);
   std::vector<float> in(3000);
   for (float& x : in) x = dist(gen);
-  // sr_bits k compares the top k bits of r and F (0: all 32 bits, ties impossible here).
+  // sr_bits k compares the top k bits of rho and f (0: all); 16 bits are f whole here.
   for (const emu::Format* format : {&emu::fp16(), &emu::bf16()})
-  for (const int sr_bits : {0, 1, 5, 12, 13, 16, 24, 32}) {
-    INFO("sr_bits = " << sr_bits);
-    std::vector<std::uint16_t> bits(in.size());
-    const emu::Flags flags = emu::round_to_bits(
-        emu::HalfRounding(*format, {.mode = emu::Rounding::sr, .sr_bits = sr_bits}, stream), in, bits, first);
-    CHECK(flags == emu::INEXACT);  // normal finite results only: no OFLO, no UFLO
-    // Values of the format are exact whatever the random bits: no flag, same value.
-    std::vector<float> exact(in.size());
-    for (std::size_t j = 0; j < exact.size(); ++j) exact[j] = static_cast<float>(j % 255 + 1) * 0.25f;
-    std::vector<float> exact_out(exact.size());
-    CHECK(emu::round_to_float(emu::HalfRounding(*format, {.mode = emu::Rounding::sr, .sr_bits = sr_bits}, stream),
-                              exact, exact_out, first) == 0);
-    CHECK(exact_out == exact);
-    const int shift = sr_bits == 0 ? 0 : 32 - sr_bits;
-    const int drop = 23 - format->fraction_bits();
-    std::size_t mismatches = 0;
-    for (std::size_t j = 0; j < in.size(); ++j) {
-      // Normal results: F = the dropped fraction bits, left-aligned in 32 bits.
-      emu::Flags unused = 0;
-      const auto down = static_cast<std::uint16_t>(
-          format->encode(emu::round(*format, in[j], {.mode = emu::Rounding::rz}, nullptr, unused)));
-      const std::uint32_t fraction = std::bit_cast<std::uint32_t>(in[j]) & ((1u << drop) - 1);
-      const std::uint32_t big_f = fraction << (32 - drop);
-      const bool up = (documented_word(stream, first + j) >> shift) < (big_f >> shift);
-      if (bits[j] != static_cast<std::uint16_t>(down + (up ? 1 : 0)) && ++mismatches <= 5)
-        FAIL_CHECK(format->name() << " j = " << j << " x = " << in[j]);
+    for (const int sr_bits : {0, 1, 5, 12, 13, 15, 16, 17, 24, 32}) {
+      INFO(format->name() << " sr_bits = " << sr_bits);
+      const emu::HalfRounding how(*format, {.mode = emu::Rounding::sr, .sr_bits = sr_bits}, stream);
+      std::vector<std::uint16_t> bits(in.size());
+      const emu::Flags flags = emu::round_to_bits(how, in, bits, first);
+      CHECK(flags == emu::INEXACT);  // normal finite results only: no OFLO, no UFLO
+      // Values of the format are exact whatever the random bits: no flag, same value.
+      std::vector<float> exact(in.size());
+      for (std::size_t j = 0; j < exact.size(); ++j) exact[j] = static_cast<float>(j % 255 + 1) * 0.25f;
+      std::vector<float> exact_out(exact.size());
+      CHECK(emu::round_to_float(how, exact, exact_out, first) == 0);
+      CHECK(exact_out == exact);
+      const int drop = 23 - format->fraction_bits();
+      std::size_t mismatches = 0, ups = 0;
+      for (std::size_t j = 0; j < in.size(); ++j) {
+        // Normal results: f = the dropped fraction bits / 2^drop.
+        emu::Flags unused = 0;
+        const auto down = static_cast<std::uint16_t>(
+            format->encode(emu::round(*format, in[j], {.mode = emu::Rounding::rz}, nullptr, unused)));
+        const std::uint32_t fraction = std::bit_cast<std::uint32_t>(in[j]) & ((1u << drop) - 1);
+        const double f = std::ldexp(static_cast<double>(fraction), -drop);
+        const bool up = documented::rounds_up(stream, first + j, documented::r_bits(stream, first + j), f, sr_bits);
+        ups += up ? 1 : 0;
+        if (bits[j] != static_cast<std::uint16_t>(down + (up ? 1 : 0)) && ++mismatches <= 5)
+          FAIL_CHECK(format->name() << " j = " << j << " x = " << in[j]);
+      }
+      CHECK(mismatches == 0);
+      CHECK(ups > 0);
+      CHECK(ups < in.size());
     }
-    CHECK(mismatches == 0);
-  }
 }
 
-TEST_CASE("fp16 sr: normal, subnormal and overflowing results mixed within 8 lanes follow the documented words",
+TEST_CASE("fp16 sr: normal, subnormal and overflowing results mixed within 8 lanes follow the documented bits",
           "[convert]") {
-  // The fast path takes the lanes with normal finite results and leaves the others to
-  // the integer kernel: mixed groups, whole groups of one kind, and a ragged tail.
+  // Lanes of every kind in one vector, whole vectors of one kind, and a ragged tail.
   const emu::StreamId stream{.seed = 0xfeed'beefull, .point = 1, .replica = 2, .lane = 3};
   const std::uint64_t first = 777;  // not a multiple of the tile
   std::mt19937 gen(5);
-  std::uniform_real_distribution<double> normal_exponent(-13.9, 15.9), subnormal_exponent(-30.0, -14.0),
+  std::uniform_real_distribution<double> normal_exponent(-13.9, 15.9), subnormal_exponent(-40.0, -14.0),
       overflow_exponent(15.99, 20.0);
   std::uniform_int_distribution<int> kind_of(0, 2);
   std::vector<float> in(3001);
@@ -284,74 +279,270 @@ TEST_CASE("fp16 sr: normal, subnormal and overflowing results mixed within 8 lan
   in[5] = 65504.0f + 31.0f;  // rounds to max or to inf
   in[6] = -65504.0f - 1.0f;
   in[7] = 0x1.ff8p-15f;  // subnormal that may carry into the min normal
-  for (const int sr_bits : {0, 1, 5, 12, 13, 16, 24, 32}) {
-    INFO("sr_bits = " << sr_bits);
-    std::vector<std::uint16_t> bits(in.size());
-    const emu::Flags flags = emu::round_to_bits(
-        emu::HalfRounding(emu::fp16(), {.mode = emu::Rounding::sr, .sr_bits = sr_bits}, stream), in, bits, first);
-    const int shift = sr_bits == 0 ? 0 : 32 - sr_bits;
-    emu::Flags expected_flags = 0;
-    std::size_t mismatches = 0;
-    for (std::size_t j = 0; j < in.size(); ++j) {
-      const double magnitude = std::fabs(static_cast<double>(in[j]));
-      const std::uint16_t sign = std::signbit(in[j]) ? 0x8000 : 0;
-      std::uint16_t expected;
-      if (magnitude >= 65536.0) {  // beyond max + ulp: every rounding overflows
-        expected = sign | 0x7C00;
-        expected_flags |= emu::OFLO | emu::INEXACT;
-      } else {
-        // The pattern toward zero and f (in ulps) are exact in double: |x| has 24 bits.
-        const double ulp = magnitude < 0x1p-14 ? 0x1p-24 : std::exp2(std::floor(std::log2(magnitude)) - 10);
-        const double kept = std::floor(magnitude / ulp);
-        const auto big_f = static_cast<std::uint32_t>(std::ldexp(magnitude / ulp - kept, 32));
-        const bool up = (documented_word(stream, first + j) >> shift) < (big_f >> shift);
-        const int exponent_field = magnitude < 0x1p-14 ? 0 : static_cast<int>(std::floor(std::log2(magnitude))) + 15;
-        const int fraction = static_cast<int>(kept) - (exponent_field == 0 ? 0 : 1024);
-        expected = static_cast<std::uint16_t>(sign | ((exponent_field << 10) + fraction + (up ? 1 : 0)));
-        if (big_f != 0) expected_flags |= emu::INEXACT;
-        if (big_f != 0 && magnitude < 0x1p-14) expected_flags |= emu::UFLO;
-        if ((expected & 0x7FFF) == 0x7C00) expected_flags |= emu::OFLO;
+  in[8] = 0.0f;
+  in[9] = -0.0f;
+  in[10] = 0x1p-24f;  // the least subnormal, exact
+  for (const emu::Overflow overflow : {emu::Overflow::inf, emu::Overflow::saturate, emu::Overflow::nan})
+    for (const int sr_bits : {0, 1, 5, 12, 13, 16, 17, 24, 32}) {
+      INFO("overflow " << emu::overflow_name(overflow) << " sr_bits = " << sr_bits);
+      const emu::RoundSpec spec{.mode = emu::Rounding::sr, .overflow = overflow, .sr_bits = sr_bits};
+      std::vector<documented::Expected> expected;
+      emu::Flags expected_flags = 0;
+      for (std::size_t j = 0; j < in.size(); ++j) {
+        expected.push_back(expected_sr(emu::fp16(), spec, in[j], stream, first + j));
+        expected_flags |= expected.back().flags;
       }
-      if (bits[j] != expected && ++mismatches <= 5)
-        FAIL_CHECK("j = " << j << " x = " << in[j] << " got " << bits[j] << " expected " << expected);
+      CHECK((expected_flags & (emu::OFLO | emu::UFLO | emu::INEXACT)) == (emu::OFLO | emu::UFLO | emu::INEXACT));
+      for (int implementation = 0; implementation < 3; ++implementation) {
+        INFO("implementation " << implementation);
+        std::vector<std::uint16_t> bits(in.size());
+        const auto flags = emu::detail::round_to_bits_with(implementation, emu::HalfRounding(emu::fp16(), spec, stream),
+                                                           in, bits, first);
+        if (!flags) continue;
+        std::size_t mismatches = 0;
+        for (std::size_t j = 0; j < in.size(); ++j)
+          if (bits[j] != expected[j].bits && ++mismatches <= 5)
+            FAIL_CHECK("j = " << j << " x = " << in[j] << " got " << bits[j] << " expected " << expected[j].bits);
+        CHECK(mismatches == 0);
+        CHECK(*flags == expected_flags);
+      }
+    }
+}
+
+TEST_CASE("sr of every lane class: bits and flags of the direction the documented bits choose", "[convert]") {
+  // The dense sample (every exponent, ties and sticky bits at every position, inf, NaN,
+  // zeros, subnormal inputs) under every format, overflow policy and subnormals setting,
+  // through every implementation: each result is emu::round's toward zero or away from
+  // zero as the documented rule says, with that rounding's flags (checked per aligned
+  // 8-element call, the AVX2 vector width, and for the whole array).
+  std::vector<float> sample = dense_sample();
+  std::vector<float> part;
+  for (std::size_t i = 0; i < sample.size(); i += 5) part.push_back(sample[i]);  // a fifth: it is long
+  const emu::StreamId stream{.seed = 31, .point = 7, .replica = 1, .lane = 9};
+  const std::uint64_t first = 12'345;
+  for (const Config& cfg : all_configs())
+    for (const int sr_bits : {0, 5, 16, 20}) {
+      const emu::Format format = cfg.format->with_subnormals(cfg.subnormals);
+      const emu::RoundSpec spec{.mode = emu::Rounding::sr, .overflow = cfg.overflow, .sr_bits = sr_bits};
+      INFO(format.name() << " overflow " << emu::overflow_name(cfg.overflow) << " subnormals " << cfg.subnormals
+                         << " sr_bits " << sr_bits);
+      const emu::HalfRounding how(format, spec, stream);
+      std::vector<documented::Expected> expected;
+      emu::Flags expected_all = 0;
+      for (std::size_t i = 0; i < part.size(); ++i) {
+        expected.push_back(expected_sr(format, spec, part[i], stream, first + i));
+        expected_all |= expected.back().flags;
+      }
+      for (int implementation = 0; implementation < 3; ++implementation) {
+        INFO("implementation " << implementation);
+        std::vector<std::uint16_t> bits(part.size());
+        const auto all_flags = emu::detail::round_to_bits_with(implementation, how, part, bits, first);
+        if (!all_flags) continue;
+        CHECK(*all_flags == expected_all);
+        std::size_t bit_mismatches = 0, chunk_flag_mismatches = 0;
+        for (std::size_t i = 0; i < part.size(); ++i)
+          if (bits[i] != expected[i].bits && ++bit_mismatches <= 5)
+            FAIL_CHECK("x = " << part[i] << " bits " << bits[i] << " expected " << expected[i].bits);
+        CHECK(bit_mismatches == 0);
+        // Aligned 8-element calls (indices first + i multiples of 8).
+        for (std::size_t i = (8 - first % 8) % 8; i + 8 <= part.size(); i += 8) {
+          emu::Flags expected_chunk = 0;
+          for (std::size_t k = i; k < i + 8; ++k) expected_chunk |= expected[k].flags;
+          std::uint16_t chunk_bits[8];
+          const auto chunk_flags = emu::detail::round_to_bits_with(implementation, how, std::span(&part[i], 8),
+                                                                   std::span(chunk_bits, 8), first + i);
+          if (*chunk_flags != expected_chunk && ++chunk_flag_mismatches <= 5)
+            FAIL_CHECK("x = " << part[i] << ".. (8) flags " << int(*chunk_flags) << " expected "
+                              << int(expected_chunk));
+        }
+        CHECK(chunk_flag_mismatches == 0);
+      }
+    }
+}
+
+TEST_CASE("sr settles r == floor(f 2^16) exactly with the tie-break block (fp16 below 2^-17)", "[convert]") {
+  // For each element i, x is built so that the first 16 bits of f equal its r and f has
+  // bits beyond them (a tie the first 16 random bits cannot decide), at several depths:
+  // s = 17, 20, 23 (any r), 24 (r >= 2^15), 28 (r in [2^11, 2^12)), 40 (r = 0: the
+  // decision is v < beta 2^128 with beta in [1/2, 1)), and a float32 subnormal (r = 0,
+  // beta below 2^-85: down). Other elements get values whose r never ties.
+  const emu::StreamId stream{.seed = 77, .lane = 1};
+  const std::uint64_t first = 5'000'000'000ull;  // beyond 2^32: the counter's second word
+  std::mt19937 gen(21);
+  std::vector<float> in;
+  std::vector<double> fractions;  // f of the tie elements, else -1
+  int deep = 0, subnormal_inputs = 0;
+  for (std::uint64_t t = first / 512; in.size() < 2'000'000 && (deep < 12 || subnormal_inputs < 4); ++t) {
+    const auto r = documented::tile_r_bits(stream, t);
+    for (std::uint64_t e = 0; e < 512; ++e) {
+      const std::uint64_t i = 512 * t + e;
+      if (i < first) continue;
+      const std::uint32_t ri = r[e];
+      const std::uint32_t fraction = gen() & 0x7FFFFFu;
+      std::uint32_t s = 0;
+      if (ri == 0) {
+        s = (deep < 12) ? 40 : (subnormal_inputs < 4 ? 125 : 0);
+      } else if (in.size() < 4000) {
+        const std::uint32_t choice = gen() % 5;
+        s = choice < 3 ? std::array<std::uint32_t, 3>{17, 20, 23}[choice]
+            : choice == 3 ? (ri >= 0x8000 ? 24 : 0)
+                          : (ri >= 0x800 && ri < 0x1000 ? 28 : 0);
+      }
+      if (s == 0) {  // no tie: a normal value (F16 has its low 3 bits clear; r may equal it)
+        in.push_back(std::bit_cast<float>((127u << 23) | fraction));
+        fractions.push_back(-1.0);
+        continue;
+      }
+      std::uint32_t m;  // the significand with its hidden bit, s discarded bits
+      if (s == 125) {
+        m = (fraction | 1u) & 0x7FFFFFu;  // a float32 subnormal: no hidden bit
+        ++subnormal_inputs;
+      } else if (s <= 23) {
+        const std::uint32_t d = s - 16;
+        const std::uint32_t beyond = 1 + gen() % ((1u << d) - 1);
+        m = (0x00800000u | (fraction << s)) & 0x00FFFFFFu;
+        m = (m & ~((1u << s) - 1)) | (ri << d) | beyond;
+      } else {
+        // kept = 0: m itself is the discarded part; F16 = m >> (s - 16).
+        const std::uint32_t d = s - 16;
+        m = (d >= 24) ? (0x00800000u | fraction | 1u) : ((ri << d) | (1 + gen() % ((1u << d) - 1)));
+        if (s == 40) ++deep;
+      }
+      const std::uint32_t exponent = s == 125 ? 0u : 126u - s;  // s = 13 + (113 - exponent)
+      const auto sign = static_cast<std::uint32_t>(gen() & 1u) << 31;
+      const float x = std::bit_cast<float>(sign | (exponent << 23) | (m & 0x7FFFFFu));
+      in.push_back(x);
+      const std::uint32_t rem = s >= 32 ? m : m & ((1u << s) - 1);
+      fractions.push_back(std::ldexp(static_cast<double>(rem), -static_cast<int>(s)));
+    }
+  }
+  REQUIRE(deep == 12);
+  REQUIRE(subnormal_inputs == 4);
+  for (const int sr_bits : {0, 17, 20, 32}) {
+    INFO("sr_bits = " << sr_bits);
+    const emu::HalfRounding how(emu::fp16(), {.mode = emu::Rounding::sr, .sr_bits = sr_bits}, stream);
+    std::vector<std::uint16_t> bits(in.size()), pieces(in.size());
+    emu::round_to_bits(how, in, bits, first);
+    for (std::size_t start = 0; start < in.size();) {  // and in pieces: the same
+      const std::size_t len = std::min<std::size_t>(1 + gen() % 3000, in.size() - start);
+      emu::round_to_bits(how, std::span(in).subspan(start, len), std::span(pieces).subspan(start, len), first + start);
+      start += len;
+    }
+    CHECK(pieces == bits);
+    for (int implementation = 0; implementation < 3; ++implementation) {  // every one: the same
+      std::vector<std::uint16_t> other(in.size());
+      if (emu::detail::round_to_bits_with(implementation, how, in, other, first)) CHECK(other == bits);
+    }
+    int ties = 0, ties_up = 0, deep_up = 0, mismatches = 0;
+    for (std::size_t j = 0; j < in.size(); ++j) {
+      const auto magnitude_bits = static_cast<std::uint16_t>(bits[j] & 0x7FFF);
+      if (fractions[j] < 0) {  // in [1, 2): 0x3C00 + the top 10 fraction bits, or one more
+        const std::uint32_t down = 0x3C00 + ((std::bit_cast<std::uint32_t>(in[j]) >> 13) & 0x3FF);
+        if (bits[j] != down && bits[j] != down + 1 && ++mismatches <= 5) FAIL_CHECK("j = " << j << " x = " << in[j]);
+        continue;
+      }
+      const double magnitude = std::fabs(static_cast<double>(in[j]));
+      const auto kept = static_cast<std::uint16_t>(std::floor(magnitude * 0x1p24));  // subnormal ulps
+      const bool up = documented::rounds_up(stream, first + j, documented::r_bits(stream, first + j), fractions[j],
+                                            sr_bits);
+      ++ties;
+      ties_up += up ? 1 : 0;
+      if (magnitude < 0x1p-24) deep_up += up ? 1 : 0;
+      if (magnitude_bits != kept + (up ? 1 : 0) || (bits[j] >> 15) != (std::signbit(in[j]) ? 1 : 0)) {
+        if (++mismatches <= 5) FAIL_CHECK("j = " << j << " x = " << in[j] << " got " << bits[j]);
+      }
     }
     CHECK(mismatches == 0);
-    CHECK(flags == expected_flags);
-    CHECK(flags == (emu::OFLO | emu::UFLO | emu::INEXACT));
+    CHECK(ties > 1000);
+    CHECK(ties_up > 0);           // the tie-break did round up
+    CHECK(ties_up < ties);        // and down
+    CHECK(deep_up > 0);           // also where the result is 0 or the least subnormal
   }
 }
 
-TEST_CASE("sr settles r == F exactly with the tie-break block (fp16 below 2^-33)", "[convert]") {
-  // x = m 2^-57 (float exponent field 93): 33 discarded bits, F = m >> 1, one bit beyond.
-  // Where the element's word r equals F, the documented tie-break decides: up iff the
-  // top bit of block 2^47 + i is 0 (probability 1/2 = the bit beyond F).
-  const emu::StreamId stream{.seed = 77, .lane = 1};
-  const auto key = std::array<std::uint32_t, 2>{77u, 0u};
-  std::vector<float> in;
-  std::vector<bool> expected_up;
-  for (std::uint64_t i = 0; in.size() < 400; ++i) {
-    const std::uint32_t r = documented_word(stream, i);
-    const bool tie = r >= (1u << 22) && r < (1u << 23);
-    const std::uint32_t m = tie ? 2 * r + 1 : 0x00C00001u;  // otherwise some non-tie value
-    in.push_back(from_bits((93u << 23) | (m & 0x7FFFFFu)));
-    if (!tie) {
-      expected_up.push_back(r < (m >> 1));
-      continue;
+TEST_CASE("every implementation gives the same bits and flags", "[convert]") {
+  // The portable kernel, AVX2 and AVX-512F (those this build and CPU have) on the dense
+  // sample, every configuration, whole array and in pieces; round_to_float too.
+  const std::vector<float> sample = dense_sample();
+  const emu::StreamId stream{.seed = 8, .point = 2, .replica = 3, .lane = 4};
+  std::mt19937 gen(17);
+  int implementations = 0;
+  for (const Config& cfg : all_configs())
+    for (const int sr_bits : {-1, 0, 3, 16, 17, 32}) {  // -1: rne
+      const emu::Format format = cfg.format->with_subnormals(cfg.subnormals);
+      const emu::RoundSpec spec{.mode = sr_bits < 0 ? emu::Rounding::rne : emu::Rounding::sr,
+                                .overflow = cfg.overflow,
+                                .sr_bits = std::max(sr_bits, 0)};
+      INFO(format.name() << " overflow " << emu::overflow_name(cfg.overflow) << " subnormals " << cfg.subnormals
+                         << " sr_bits " << sr_bits);
+      const emu::HalfRounding how(format, spec, stream);
+      std::vector<std::uint16_t> portable(sample.size());
+      const auto portable_flags = emu::detail::round_to_bits_with(0, how, sample, portable, 99);
+      REQUIRE(portable_flags.has_value());
+      std::vector<float> portable_values(sample.size());
+      CHECK(emu::detail::round_to_float_with(0, how, sample, portable_values, 99) == portable_flags);
+      implementations = 1;
+      for (int implementation = 1; implementation < 3; ++implementation) {
+        INFO("implementation " << implementation);
+        std::vector<std::uint16_t> bits(sample.size());
+        const auto flags = emu::detail::round_to_bits_with(implementation, how, sample, bits, 99);
+        if (!flags) continue;
+        ++implementations;
+        CHECK(*flags == *portable_flags);
+        std::size_t mismatches = 0, value_mismatches = 0;
+        for (std::size_t i = 0; i < sample.size(); ++i)
+          if (bits[i] != portable[i] && ++mismatches <= 5)
+            FAIL_CHECK("x = " << sample[i] << " bits " << bits[i] << " portable " << portable[i]);
+        CHECK(mismatches == 0);
+        // In place, as floats.
+        std::vector<float> values = sample;
+        CHECK(emu::detail::round_to_float_with(implementation, how, values, values, 99) == portable_flags);
+        for (std::size_t i = 0; i < sample.size(); ++i)
+          if (!same_float(values[i], portable_values[i]) && ++value_mismatches <= 5)
+            FAIL_CHECK("x = " << sample[i] << " value " << values[i] << " portable " << portable_values[i]);
+        CHECK(value_mismatches == 0);
+        // Pieces of random lengths, aligned or not.
+        std::vector<std::uint16_t> pieces(sample.size());
+        emu::Flags piece_flags = 0;
+        for (std::size_t start = 0; start < sample.size();) {
+          const std::size_t len = std::min<std::size_t>(1 + gen() % 2000, sample.size() - start);
+          piece_flags |= *emu::detail::round_to_bits_with(implementation, how, std::span(sample).subspan(start, len),
+                                                          std::span(pieces).subspan(start, len), 99 + start);
+          start += len;
+        }
+        CHECK(pieces == portable);
+        CHECK(piece_flags == *portable_flags);
+      }
     }
-    const std::uint64_t block = (std::uint64_t{1} << 47) + i;
-    const auto b = emu::Philox4x32::block(
-        key, {static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32) | (1u << 16), 0, 0});
-    expected_up.push_back((b[0] >> 31) == 0);
-  }
-  std::vector<std::uint16_t> bits(in.size());
-  emu::round_to_bits(emu::HalfRounding(emu::fp16(), {.mode = emu::Rounding::sr}, stream), in, bits);
-  int ties_up = 0, mismatches = 0;
-  for (std::size_t i = 0; i < in.size(); ++i) {
-    if (bits[i] != (expected_up[i] ? 1 : 0) && ++mismatches <= 5) FAIL_CHECK("i = " << i);
-    ties_up += expected_up[i] ? 1 : 0;
-  }
-  CHECK(mismatches == 0);
-  CHECK(ties_up > 0);  // the test did exercise rounding up
+#ifdef __AVX2__
+  CHECK(implementations >= 2);
+#endif
+  if (implementations < 3) WARN("no AVX-512F on this CPU: its kernels were not tested");
+}
+
+TEST_CASE("every Philox implementation gives the documented blocks", "[convert]") {
+  // The kernels use the fastest one the build and the CPU offer (AVX-512F is chosen at
+  // run time); each must give emu::Philox4x32's blocks.
+  const emu::StreamId stream{.seed = 0xdead'beef'0123'4567ull, .point = 11, .replica = 12, .lane = 13};
+  bool ran[3] = {false, false, false};
+  for (int implementation = 0; implementation < 3; ++implementation)
+    for (const std::uint64_t tile : {0ull, 1ull, 12345ull, (1ull << 26) - 1, 1ull << 26, (1ull << 42) - 1}) {
+      std::array<std::uint32_t, 256> words{};
+      if (!emu::detail::philox_tile_words(implementation, stream, tile, words)) continue;
+      ran[implementation] = true;
+      std::size_t mismatches = 0;
+      for (std::uint64_t b = 0; b < 64; ++b) {
+        const auto block = documented::block(stream, 64 * tile + b);
+        for (std::size_t w = 0; w < 4; ++w) mismatches += words[64 * w + b] != block[w] ? 1 : 0;
+      }
+      INFO("implementation " << implementation << " tile " << tile);
+      CHECK(mismatches == 0);
+    }
+  CHECK(ran[0]);
+#ifdef __AVX2__
+  CHECK(ran[1]);
+#endif
+  if (!ran[2]) WARN("no AVX-512F on this CPU: its Philox implementation was not tested");
 }
 
 TEST_CASE("sr is deterministic: same stream same bits, pieces equal one call", "[convert]") {
