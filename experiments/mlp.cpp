@@ -267,6 +267,17 @@ std::vector<double> transpose(const std::vector<double>& a, std::size_t rows, st
 
 }  // namespace
 
+std::vector<double> Mlp::linear(emu::Context& ctx, int l, std::size_t rows, const std::vector<double>& h) const {
+  const std::size_t in = widths_[l], out = widths_[l + 1];
+  const bool last = l == layers() - 1;
+  std::vector<double> z(rows * out, 0.0);
+  if (last)
+    for (std::size_t i = 0; i < rows; ++i)
+      for (std::size_t j = 0; j < out; ++j) z[i * out + j] = bias.value[j];
+  gemm(ctx, rows, out, in, h, weights[l].value, last ? formats_.act : formats_.bn_fwd, z);
+  return z;
+}
+
 double Mlp::forward_backward(emu::Context& ctx, const std::vector<double>& x, const std::vector<int>& y,
                              double loss_scale) {
   const std::size_t batch = y.size();
@@ -277,15 +288,10 @@ double Mlp::forward_backward(emu::Context& ctx, const std::vector<double>& x, co
   // Forward.
   std::vector<double> h = x;
   for (int l = 0; l < n_layers; ++l) {
-    const std::size_t in = widths_[l], out = widths_[l + 1];
+    const std::size_t out = widths_[l + 1];
     layer_input_[l] = h;
-    const bool last = l == n_layers - 1;
-    std::vector<double> z(batch * out, 0.0);
-    if (last)
-      for (std::size_t i = 0; i < batch; ++i)
-        for (std::size_t j = 0; j < out; ++j) z[i * out + j] = bias.value[j];
-    gemm(ctx, batch, out, in, h, weights[l].value, last ? f.act : f.bn_fwd, z);
-    if (last) {
+    std::vector<double> z = linear(ctx, l, batch, h);
+    if (l == n_layers - 1) {
       h = std::move(z);
       break;
     }
@@ -393,14 +399,9 @@ std::vector<double> Mlp::logits(emu::Context& ctx, const std::vector<double>& x)
   const ModelFormats& f = formats_;
   std::vector<double> h = x;
   for (int l = 0; l < n_layers; ++l) {
-    const std::size_t in = widths_[l], out = widths_[l + 1];
-    const bool last = l == n_layers - 1;
-    std::vector<double> z(rows * out, 0.0);
-    if (last)
-      for (std::size_t i = 0; i < rows; ++i)
-        for (std::size_t j = 0; j < out; ++j) z[i * out + j] = bias.value[j];
-    gemm(ctx, rows, out, in, h, weights[l].value, last ? f.act : f.bn_fwd, z);
-    if (last) return z;
+    const std::size_t out = widths_[l + 1];
+    std::vector<double> z = linear(ctx, l, rows, h);
+    if (l == n_layers - 1) return z;
     // Batch norm with the running statistics in bn_fwd, output rounded into act, ReLU.
     const emu::Format& bn = f.bn_fwd;
     h.assign(rows * out, 0.0);

@@ -166,6 +166,9 @@ class Mlp {
  private:
   void gemm(emu::Context& ctx, std::size_t m, std::size_t n, std::size_t k, const std::vector<double>& a,
             const std::vector<double>& b, const emu::Format& out, std::vector<double>& c) const;
+  // Linear layer l on `rows` inputs h through the unit: z = h W_l (+ bias for the last
+  // layer), rounded into act for the last layer and into bn_fwd for the others.
+  std::vector<double> linear(emu::Context& ctx, int l, std::size_t rows, const std::vector<double>& h) const;
 
   int inputs_, classes_;
   std::vector<int> widths_;  // inputs, hidden..., classes
