@@ -581,6 +581,7 @@ SweepPlan parse_plan(const std::string& config_text, const std::string& config_p
         point_problem(p, point, "a run records " + std::to_string(samples) + " trace samples, over the limit of " +
                                     std::to_string(kMaxTraceSamplesPerRun) + " per run; record fewer (a larger trace_every or hist_every, fewer steps)");
       trace_values += samples * plan.replicas;
+      plan.trace_lengths.push_back(static_cast<std::int64_t>(samples));
     }
     plan.points.push_back(std::move(point));
   }

@@ -42,6 +42,9 @@ struct SweepPlan {
   std::string output;           // as given (relative paths are relative to the cwd)
   std::vector<Params> points;   // in grid order: grid keys in config order, last fastest,
                                 // then the zip lists as one axis varying fastest of all
+  // Per point, the experiment's trace_length, worked out once while planning (it may read
+  // a data file); empty for experiments that declare none.
+  std::vector<std::int64_t> trace_lengths;
 };
 
 // Parses and validates `config_text` (read from `config_path`). `output_override` is the

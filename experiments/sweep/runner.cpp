@@ -17,7 +17,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-void check_result(const Experiment& experiment, const Params& params, const RunResult& result) {
+// declared_samples: the point's trace_length from the plan (-1 when the experiment
+// declares none).
+void check_result(const Experiment& experiment, std::int64_t declared_samples, const RunResult& result) {
   for (const MetricSpec& spec : experiment.metrics)
     if (!result.metrics.count(spec.name))
       throw ExperimentFailure("experiment '" + experiment.name + "' returned no metric '" + spec.name + "'");
@@ -34,14 +36,13 @@ void check_result(const Experiment& experiment, const Params& params, const RunR
     if (trace.x.size() != trace.y.size())
       throw ExperimentFailure("experiment '" + experiment.name + "' returned trace '" + name + "' with x and y of different lengths");
   }
-  // The trace limits were checked against trace_length before the sweep started.
-  if (experiment.trace_length) {
+  // The trace limits were checked against trace_length when the sweep was planned.
+  if (declared_samples >= 0) {
     std::size_t samples = 0;
     for (const auto& [name, trace] : result.traces) samples += trace.y.size();
-    const std::int64_t declared = experiment.trace_length(params);
-    if (samples > static_cast<std::uint64_t>(std::max<std::int64_t>(declared, 0)))
+    if (samples > static_cast<std::uint64_t>(declared_samples))
       throw ExperimentFailure("experiment '" + experiment.name + "' recorded " + std::to_string(samples) +
-                              " trace samples, more than its trace_length " + std::to_string(declared));
+                              " trace samples, more than its trace_length " + std::to_string(declared_samples));
   }
 }
 
@@ -138,12 +139,14 @@ RunReport run_plan(const SweepPlan& plan, OutputFile& output, const std::vector<
           const RunEnv env{emu::StreamId{plan.seed, point, replica, 0}, &stop};
           try {
             RunResult result = experiment.run(plan.points[point], env);
-            check_result(experiment, plan.points[point], result);
+            check_result(experiment, plan.trace_lengths.empty() ? -1 : plan.trace_lengths[point], result);
             results[task] = std::move(result);
           } catch (const Cancelled&) {
             return;
           } catch (const BadInput& e) {
-            fail(e.what(), true);
+            fail(plan.config_path + ": point " + std::to_string(point) + " replica " + std::to_string(replica) + ": " +
+                     e.what(),
+                 true);
             return;
           } catch (const std::exception& e) {
             fail("point " + std::to_string(point) + " replica " + std::to_string(replica) + ": " + e.what());

@@ -27,6 +27,9 @@ std::atomic<long> g_fail_at_point{-1};
 std::atomic<long> g_bad_input_at_point{-1};
 // How many samples fewer than it records test_walk declares in trace_length (a bug if > 0).
 std::atomic<long> g_trace_understated{0};
+// Calls of test_walk's trace_length: once per point while planning, never while running
+// (it may read a data file that has changed since, which is bad input, not a bug).
+std::atomic<long> g_trace_length_calls{0};
 
 // The oracle of test_walk: start + sum of (u_k - 1/2) over the stream's uniforms.
 std::vector<double> walk(double start, std::int64_t n, emu::StreamId stream) {
@@ -71,6 +74,7 @@ Experiment walk_experiment() {
   e.traces = {{"walk", "the walk", "step"}};
   e.run = run_walk;
   e.trace_length = [](const Params& p) -> std::int64_t {
+    ++g_trace_length_calls;
     return p.boolean("trace") ? p.integer("n") + 1 - g_trace_understated.load() : 0;
   };
   return e;
@@ -227,7 +231,7 @@ TEST_CASE("an experiment reporting bad input mid-sweep: exit 2, one line, finish
   INFO("stderr: " << err);
   CHECK(status == 2);
   CHECK(std::count(err.begin(), err.end(), '\n') == 1);
-  CHECK(err.find("test_walk: data file 'walk.h5' vanished") == 0);
+  CHECK(err.find(cfg + ": point 2 replica 0: test_walk: data file 'walk.h5' vanished") == 0);
   CHECK(err.find("finished points were saved") != std::string::npos);
   const std::string out = dir / "bad.h5";
   CHECK(sweep_test::string_attribute(out, "/", "status") == "partial");
@@ -276,4 +280,12 @@ TEST_CASE("trace limits are checked before anything runs; a run recording more t
   g_trace_understated = 0;
   CHECK(status == 1);
   CHECK(err.find("recorded 4 trace samples, more than its trace_length 3") != std::string::npos);
+}
+
+TEST_CASE("trace_length is asked once per point while planning, not again while running", "[sweep]") {
+  TempDir dir;
+  const std::string cfg = config(dir, "calls", "replicas: 3\ngrid:\n  n: [1, 2, 3, 4]\n");
+  g_trace_length_calls = 0;
+  REQUIRE(run_sweep({cfg, "--quiet", "-j", "2"}) == 0);
+  CHECK(g_trace_length_calls.load() == 4);
 }
