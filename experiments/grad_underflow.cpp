@@ -2,9 +2,10 @@
 // including batch-norm gammas), and the fraction of them that a cast into a low-precision
 // format after scaling by S turns into zero or inf/NaN: the figure behind loss scaling.
 // The training run depends on (seed, replica, data and run parameters) only, so it is
-// computed once and shared by the (format, scale) points that follow it. The cache keeps
-// the last kGradientCacheRuns runs (mlp.hpp; a few MB each), so memory stays bounded in
-// large sweeps; a run evicted before its last point is recomputed (the same result).
+// computed once and shared by the (format, scale) points that use it. The cache keeps
+// recent runs up to kGradientCacheBytes (mlp.hpp; a run is a few MB), so memory stays
+// bounded in large sweeps; a run evicted before its last point is recomputed (the same
+// result).
 #include <algorithm>
 #include <cstdint>
 #include <future>
@@ -46,10 +47,26 @@ struct GradientCache {
   struct Entry {
     std::shared_future<std::shared_ptr<const GradientSample>> future;
     std::uint64_t used = 0;
+    std::size_t bytes = 0;  // 0 while the run is computed
   };
   std::mutex mutex;
   std::map<std::string, Entry> entries;
   std::uint64_t clock = 0;
+  std::size_t bytes = 0, budget = kGradientCacheBytes;
+
+  // Forgets the least recently used finished runs other than `keep` while over budget
+  // (whoever still waits on one keeps its shared_future). Called with `mutex` held.
+  void evict(const std::string& keep) {
+    while (bytes > budget) {
+      auto victim = entries.end();
+      for (auto it = entries.begin(); it != entries.end(); ++it)
+        if (it->second.bytes > 0 && it->first != keep && (victim == entries.end() || it->second.used < victim->second.used))
+          victim = it;
+      if (victim == entries.end()) return;
+      bytes -= victim->second.bytes;
+      entries.erase(victim);
+    }
+  }
 };
 
 GradientCache& gradient_cache() {
@@ -58,8 +75,6 @@ GradientCache& gradient_cache() {
 }
 
 // One training run per key, shared by parallel points; a run that throws is not cached.
-// At most kGradientCacheRuns entries: inserting one more forgets the least recently
-// used (whoever still waits on it keeps its shared_future).
 std::shared_ptr<const GradientSample> cached_gradients(const Params& p, const RunEnv& env) {
   std::string key = std::to_string(env.stream.seed) + "/" + std::to_string(env.stream.replica);
   for (const auto& [name, value] : p.values())
@@ -72,10 +87,6 @@ std::shared_ptr<const GradientSample> cached_gradients(const Params& p, const Ru
     const std::lock_guard<std::mutex> lock(cache.mutex);
     auto it = cache.entries.find(key);
     if (it == cache.entries.end()) {
-      if (cache.entries.size() >= kGradientCacheRuns) {
-        auto older = [](const auto& a, const auto& b) { return a.second.used < b.second.used; };
-        cache.entries.erase(std::min_element(cache.entries.begin(), cache.entries.end(), older));
-      }
       future = promise.get_future().share();
       cache.entries.emplace(key, GradientCache::Entry{future, ++cache.clock});
       compute = true;
@@ -86,7 +97,16 @@ std::shared_ptr<const GradientSample> cached_gradients(const Params& p, const Ru
   }
   if (compute) {
     try {
-      promise.set_value(record_gradients(p, env));
+      std::shared_ptr<const GradientSample> sample = record_gradients(p, env);
+      {
+        const std::lock_guard<std::mutex> lock(cache.mutex);
+        if (auto it = cache.entries.find(key); it != cache.entries.end()) {
+          it->second.bytes = std::max<std::size_t>(1, sample->values.size() * sizeof(double));
+          cache.bytes += it->second.bytes;
+          cache.evict(key);
+        }
+      }
+      promise.set_value(std::move(sample));
     } catch (...) {
       {
         const std::lock_guard<std::mutex> lock(cache.mutex);
@@ -147,10 +167,17 @@ const Registration registration{make_grad_underflow()};
 
 }  // namespace
 
-std::size_t gradient_cache_size() {
+std::size_t gradient_cache_bytes() {
   GradientCache& cache = gradient_cache();
   const std::lock_guard<std::mutex> lock(cache.mutex);
-  return cache.entries.size();
+  return cache.bytes;
+}
+
+void set_gradient_cache_budget(std::size_t bytes) {
+  GradientCache& cache = gradient_cache();
+  const std::lock_guard<std::mutex> lock(cache.mutex);
+  cache.budget = bytes;
+  cache.evict("");
 }
 
 }  // namespace roundoff::train

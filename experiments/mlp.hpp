@@ -314,9 +314,12 @@ std::string check_data_and_batch(const Params& p);
 std::int64_t planned_steps(const Params& p);
 void read_run_params(const Params& p, TrainSpec& spec);
 
-// grad_underflow keeps the gradients of its last few training runs (replicas of a point
-// run in parallel; consecutive points that differ only in format and scale share one).
-inline constexpr std::size_t kGradientCacheRuns = 8;
-std::size_t gradient_cache_size();  // runs cached now (tests)
+// grad_underflow keeps the gradients of its recent training runs (replicas of a point run
+// in parallel; points that differ only in format and scale share one), up to a byte
+// budget: a count limit thrashes once more runs than it cycle in the grid's inner loop.
+inline constexpr std::size_t kGradientCacheBytes = std::size_t{512} << 20;
+std::size_t gradient_cache_bytes();  // gradient bytes cached now (tests)
+// Tests only: a smaller budget, to see eviction without gigabytes of gradients.
+void set_gradient_cache_budget(std::size_t bytes);
 
 }  // namespace roundoff::train

@@ -3,6 +3,8 @@
 // independent of the backward code), and the batch loss must match the separate fp64
 // evaluation path when the batch is the whole set.
 #include <catch2/catch.hpp>
+
+#include <algorithm>
 #include <cmath>
 
 #include "experiments/mlp.hpp"
@@ -249,7 +251,7 @@ TEST_CASE("inference in fp16 equals an independent binary16/float32 computation"
   CHECK(e.accuracy == static_cast<double>(correct) / static_cast<double>(n));
 }
 
-TEST_CASE("grad_underflow keeps a bounded number of training runs and recomputes evicted ones alike",
+TEST_CASE("grad_underflow keeps training runs up to a byte budget and recomputes evicted ones alike",
           "[train][grad_underflow]") {
   auto run = [](double lr) {
     return testing::run_experiment("grad_underflow", {{"samples", std::int64_t{40}}, {"epochs", std::int64_t{1}},
@@ -257,12 +259,21 @@ TEST_CASE("grad_underflow keeps a bounded number of training runs and recomputes
                                                       {"lr", lr}, {"format", std::string("fp8-e4m3")}})
         .metrics;
   };
+  set_gradient_cache_budget(0);  // forget runs of earlier tests
+  REQUIRE(gradient_cache_bytes() == 0);
+  set_gradient_cache_budget(kGradientCacheBytes);
   const auto first = run(0.01);
-  for (int k = 1; k <= 2 * static_cast<int>(kGradientCacheRuns); ++k) {
-    (void)run(0.01 + 0.001 * k);  // a distinct training run each
-    CHECK(gradient_cache_size() <= kGradientCacheRuns);
+  const std::size_t one_run = gradient_cache_bytes();  // only this run is cached so far
+  REQUIRE(one_run > 0);
+  // Room for three runs: the fourth distinct run evicts the least recently used.
+  set_gradient_cache_budget(3 * one_run);
+  for (int k = 1; k <= 8; ++k) {
+    (void)run(0.01 + 0.001 * k);  // a distinct training run each, of the same size
+    CHECK(gradient_cache_bytes() <= 3 * one_run);
+    CHECK(gradient_cache_bytes() >= std::min<std::size_t>(k + 1, 3) * one_run);
   }
   const auto again = run(0.01);  // evicted long ago: recomputed
   CHECK(again.at("frac_underflow") == first.at("frac_underflow"));
   CHECK(again.at("frac_subnormal") == first.at("frac_subnormal"));
+  set_gradient_cache_budget(kGradientCacheBytes);
 }
