@@ -90,8 +90,11 @@ def panel_grid(n_panels, width=5.5, height=4.0):
 
 def save(fig, out_dir, stem, name):
     path = os.path.join(out_dir, "%s_%s.png" % (stem, name))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with warnings.catch_warnings():
+        # Long point labels can defeat tight_layout; bbox_inches below keeps them whole.
+        warnings.simplefilter("ignore", UserWarning)
+        fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -189,8 +192,12 @@ def plot_generic(result, out_dir, stem):
     labels = [label(result, p, keys) for p in done]
     paths = []
     for name, values in result.metrics.items():
-        fig, ax = plt.subplots(figsize=(max(5.0, 0.35 * len(done) + 2), 4))
         v = values[done]
+        if np.isnan(v).all():
+            # NaN by definition at every point (e.g. train's metrics of a layer that this
+            # sweep's models do not have): nothing to draw, nothing went wrong.
+            continue
+        fig, ax = plt.subplots(figsize=(max(5.0, 0.35 * len(done) + 2), 4))
         # Mean and range of the finite replicas; a point with any inf or NaN replica gets
         # an x on the top edge instead of silently losing those replicas.
         nonfinite = ~np.isfinite(v).all(axis=1)
@@ -199,11 +206,11 @@ def plot_generic(result, out_dir, stem):
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows: nothing to draw
             mean = np.nanmean(finite, axis=1)
             low, high = np.nanmin(finite, axis=1), np.nanmax(finite, axis=1)
-        mean = np.where(nonfinite, np.nan, mean)
-        # Clipped at 0: the mean of equal values can land an ulp outside their range.
-        below = np.maximum(mean - low, 0)
-        above = np.maximum(high - mean, 0)
-        ax.errorbar(np.arange(len(done)), mean, yerr=[below, above], fmt="o", capsize=2)
+            mean = np.where(nonfinite, np.nan, mean)
+            # Clipped at 0: the mean of equal values can land an ulp outside their range.
+            below = np.maximum(mean - low, 0)
+            above = np.maximum(high - mean, 0)
+            ax.errorbar(np.arange(len(done)), mean, yerr=[below, above], fmt="o", capsize=2)
         mark_edge(ax, np.flatnonzero(nonfinite), 1, "x", "C3", "inf/NaN in some replica")
         if nonfinite.any():
             ax.legend(fontsize=7)
