@@ -612,12 +612,8 @@ StepResult Trainer::step() {
   Mlp& m = *model_;
   result.loss = m.forward_backward(ctx_, x, y, scale_);
 
-  std::vector<Param*> all{&m.bias};
-  for (Param& p : m.weights) all.push_back(&p);
-  for (Param& p : m.gamma) all.push_back(&p);
-  for (Param& p : m.beta) all.push_back(&p);
   bool finite = true;
-  for (const Param* p : all)
+  for (const Param* p : all_params())
     for (double g : p->grad) finite = finite && std::isfinite(g);
   if (!finite && spec_.loss_scale == LossScaleKind::dynamic) {
     result.skipped = true;

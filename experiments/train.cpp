@@ -93,12 +93,18 @@ std::vector<ParamSpec> run_param_specs() {
   };
 }
 
+namespace {
+
+bool is_builtin_data(const std::string& source) { return source == "synthetic" || source == "teacher"; }
+
+}  // namespace
+
 std::shared_ptr<const data::Split> prepare_data(const Params& p, std::uint64_t seed) {
   // check_point accepted this point, but a data file may have changed or vanished since.
   if (std::string problem = check_data_and_batch(p); !problem.empty()) throw BadInput(problem);
   const std::string& source = p.string("data");
   data::Split s;
-  if (source == "synthetic" || source == "teacher") {
+  if (is_builtin_data(source)) {
     data::SyntheticSpec spec{static_cast<int>(p.integer("samples")), static_cast<int>(p.integer("features")),
                              static_cast<int>(p.integer("classes")), p.real("noise"), seed};
     s = data::split(source == "teacher" ? data::make_teacher(spec) : data::make_synthetic(spec),
@@ -117,8 +123,6 @@ std::shared_ptr<const data::Split> prepare_data(const Params& p, std::uint64_t s
 }
 
 namespace {
-
-bool is_builtin_data(const std::string& source) { return source == "synthetic" || source == "teacher"; }
 
 // The rows of the data set; throws std::invalid_argument for a bad data file.
 std::size_t data_rows(const Params& p) {

@@ -35,7 +35,7 @@ const char* const kUsage =
     "  -o, --output OUT   write OUT instead of the config's output (relative to the cwd;\n"
     "                     a name starting with '-' is written ./-name)\n"
     "  -j, --jobs N       use N threads (default: all cores)\n"
-    "  --force            replace an existing output (never one another process has open)\n"
+    "  --force            replace an existing output (never one another process has open for writing)\n"
     "  --resume           continue a partial output of the same config\n"
     "  --dry-run          validate, print the grid size and output path, compute nothing\n"
     "  --quiet            no progress bar\n"
