@@ -161,11 +161,11 @@ double round(const Format& f, const Exact& x, const RoundSpec& spec, Rng* rng, F
   if (hi == 0.0) {
     if (x.lo == 0.0) return hi;
     // A non-zero x known only by its sign, in lo, far below double's least subnormal
-    // (the calculator's parser gives this for |x| < about 2^-1200; exact_* and values
-    // nearer 2^-1074 use hi = +-2^-1074 with a scaled lo instead). It is tiny and inexact
-    // in every format; only rounding away from zero (ru, rd by sign, ro) gives the least
-    // subnormal. Stochastic rounding would round up with probability |x| / min_subnormal
-    // < 2^-126: taken as zero.
+    // (the calculator's parser gives this for |x| below 2^-1127 or 10^-339; exact_* and
+    // values nearer 2^-1074 use hi = +-2^-1074 with a scaled lo instead). It is tiny and
+    // inexact in every format; only rounding away from zero (ru, rd by sign, ro) gives
+    // the least subnormal. Stochastic rounding would round up with probability
+    // |x| / min_subnormal < 2^-52: taken as zero.
     const bool neg = std::signbit(x.lo);
     flags |= UFLO | INEXACT;
     const bool away = f.subnormals() && (spec.mode == Rounding::ro || (spec.mode == Rounding::ru && !neg) ||

@@ -1,5 +1,6 @@
 #include "number.hpp"
 
+#include <bit>
 #include <boost/multiprecision/cpp_int.hpp>
 #include <cmath>
 #include <cstdio>
@@ -260,13 +261,15 @@ Exact parse_number(std::string_view text) {
   positive.negative = false;
   Exact x;
   if (magnitude == 0) {
-    // Nonzero, at most half the least double 2^-1074. Down to about 2^-1200:
-    // hi = 2^-1074 and lo = x - 2^-1074 (scaled), so that exactly 2^-1075 is a tie and
-    // stochastic rounding into fp64 sees the true probability. Far below (x < 10^-362
-    // written in decimal, x < 2^-1200 in hex: both under 2^-1199): hi = 0 with lo
-    // holding the sign (round() then treats x as tiny, only its sign mattering; an sr
-    // probability below 2^-126 is taken as zero).
-    const bool far_below = w.hex ? magnitude_digits < -1200 : magnitude_digits < -361;
+    // Nonzero, at most half the least double 2^-1074. Down to 2^-1127: hi = 2^-1074 and
+    // lo = x - 2^-1074 (scaled), so that exactly 2^-1075 is a tie and stochastic rounding
+    // into fp64 sees the true probability x / 2^-1074 (lo's 53 bits hold x from 2^-1127
+    // up; below that x would collapse onto lo's last bit). Below (x < 10^-339 written in
+    // decimal, x < 2^-1127 in hex): hi = 0 with lo holding the sign (round() then treats
+    // x as tiny, only its sign mattering; an sr probability below 2^-52 is taken as 0).
+    // x < 10^magnitude_digits (decimal) or < 2^bits (hex), and at least a tenth / half.
+    const long long bits = magnitude_digits - 4 + std::bit_width(static_cast<unsigned>(digit_value(w.digits[0], true)));
+    const bool far_below = w.hex ? bits < -1126 : magnitude_digits < -338;
     if (far_below) return {negative ? -0.0 : 0.0, negative ? -kLeastDouble : kLeastDouble};
     x = with_residual(positive, kLeastDouble);
   } else if (std::isinf(magnitude)) {

@@ -31,9 +31,10 @@ class NumberError : public std::runtime_error {
 // is never left on a power of two (it is stepped one double toward the exact value:
 // emu/round.hpp), so every format and mode, fp64 included, rounds x once. Values from
 // DBL_MAX + half its ulp up to 2^1024 have hi = DBL_MAX; from 2^1024 on, beyond_double.
-// Nonzero values up to half the least double (2^-1075) and above about 2^-1200 have
-// hi = +-2^-1074 and lo = x - hi (so 2^-1075 is a tie and sr sees its probability);
-// nonzero values below that have hi = +-0 and lo = +-2^-1074 (only the sign).
+// Nonzero values up to half the least double (2^-1075) and from 2^-1127 (hex) or 10^-339
+// (decimal) up have hi = +-2^-1074 and lo = x - hi (so 2^-1075 is a tie and sr sees its
+// probability); nonzero values below that have hi = +-0 and lo = +-2^-1074 (only the
+// sign: an sr probability under 2^-52 is taken as zero).
 // Throws NumberError for anything else.
 Exact parse_number(std::string_view text);
 

@@ -579,7 +579,9 @@ TEST_CASE("parse_number: tiny fp64 inputs keep their sr probability; sr_bits see
   // x = f * 2^-1074 with f in (0, 1): sr rounds up to 2^-1074 with probability f. With k
   // random bits: up iff the top k bits of the next word are below floor(f 2^k); the word
   // is read from a copy of the generator. f from the exact decimal (oracle: cpp_rational).
-  const char* texts[] = {"1.5e-324", "2.4703282292062328e-324", "4.9e-324", "1e-330", "0.7e-324",
+  // 1e-338 and 1e-339 lie just above the sign-only cut (10^-339, about 2^-1126.1):
+  // f is about 2^-49 and 2^-52, still seen by 64 random bits.
+  const char* texts[] = {"1.5e-324", "2.4703282292062328e-324", "4.9e-324", "1e-330", "0.7e-324", "1e-338", "1e-339",
                          "9007199254740993.0000000000000000000001", "9007199254740992.9999999999999999999"};
   for (const char* text : texts) {
     const mp::cpp_rational x = rational_of_decimal(text);
@@ -604,5 +606,27 @@ TEST_CASE("parse_number: tiny fp64 inputs keep their sr probability; sr_bits see
         REQUIRE(got == (expect_up ? up : down));
       }
     }
+  }
+}
+
+TEST_CASE("parse_number: below 2^-1127 (hex) or 10^-339 (decimal) only the sign is kept", "[cli]") {
+  // number.hpp: there f < 2^-52 and sr's probability is taken as zero, where keeping
+  // x - 2^-1074 in a double would have made it 2^-53 whatever x is.
+  for (const char* text : {"9e-340", "1e-350", "1e-361", "0x1.fp-1128", "0x1p-1150", "0x1p-1199"}) {
+    INFO(text);
+    const emu::Exact parsed = parse_number(text);
+    CHECK(parsed.hi == 0.0);
+    CHECK(parsed.lo == std::ldexp(1.0, -1074));
+    emu::Rng rng(emu::StreamId{78});
+    for (int i = 0; i < 500; ++i) {
+      emu::Flags flags = 0;
+      REQUIRE(emu::round(emu::fp64(), parsed, emu::RoundSpec{emu::Rounding::sr, emu::Overflow::inf, 64}, &rng, flags) ==
+              0.0);
+    }
+  }
+  // Just above the cut the residual form is kept: hi is the least double.
+  for (const char* text : {"0x1p-1126", "0x1.8p-1127", "1e-339"}) {
+    INFO(text);
+    CHECK(parse_number(text).hi == std::ldexp(1.0, -1074));
   }
 }
