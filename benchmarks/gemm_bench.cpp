@@ -206,9 +206,14 @@ int main() {
         std::snprintf(part, sizeof part, "%s%zu^3 [%d]", s ? "; " : "", problems[s].n, t[s].repeats);
       note += part;
     }
-    auto blas_ratio = [&](int s) { return blas_gf[s] > 0 ? t[s].gflops / blas_gf[s] : 0.0; };
-    std::printf("%-13s %11.4f %8.4f %8.4f %11.4f %8.4f %8.4f  %s\n", *name, t[0].gflops, t[0].gflops / loop_gf[0],
-                blas_ratio(0), t[1].gflops, t[1].gflops / loop_gf[1], blas_ratio(1), note.c_str());
+    // "-" without OpenBLAS: a 0.0000 would read as a measurement.
+    auto blas_ratio = [&](int s) {
+      char text[16] = "-";
+      if (blas_gf[s] > 0) std::snprintf(text, sizeof text, "%.4f", t[s].gflops / blas_gf[s]);
+      return std::string(text);
+    };
+    std::printf("%-13s %11.4f %8.4f %8s %11.4f %8.4f %8s  %s\n", *name, t[0].gflops, t[0].gflops / loop_gf[0],
+                blas_ratio(0).c_str(), t[1].gflops, t[1].gflops / loop_gf[1], blas_ratio(1).c_str(), note.c_str());
     const emu::UnitKind kind = unit->kind();
     if (kind == emu::UnitKind::ipu_amp || is_tensor_core(kind))
       targets.push_back({std::string(*name) + (kind == emu::UnitKind::ipu_amp ? " (float partials)" : ""),

@@ -8,12 +8,12 @@
 // F16C the elements go through branch-free vector code, eight lanes at a time whatever
 // mix of normal, subnormal, zero and overflowing results they hold: fp16 rne with the
 // hardware conversion (exact) for the values and integer masks for the flags, NaN
-// canonicalisation, overflow policies and the flush of subnormals off; bf16 and fp16 sr
-// with integer code on the float32 bit patterns (per-lane shifts for fp16's subnormal
-// results), where a group of eight with an inf or NaN input (or with an element whose
-// first 16 random bits may not decide, see below) takes the portable kernel. On CPUs
-// with AVX-512F (chosen at run time) the random words, bf16 and fp16 sr use it, sixteen
-// lanes at a time. Other builds take the portable element-wise kernel throughout. All
+// canonicalisation, overflow policies and the flush of subnormals off; bf16 (rne and sr)
+// and fp16 sr with integer code on the float32 bit patterns (per-lane shifts for fp16's
+// subnormal results), where a group of eight with an inf or NaN input (or with an
+// element whose first 16 random bits may not decide, see below) takes the portable
+// kernel. On CPUs with AVX-512F (chosen at run time) the random words and the bf16 (rne
+// and sr) and fp16 sr kernels use it, sixteen lanes at a time. Other builds take the portable element-wise kernel throughout. All
 // give the same results (detail::round_to_bits_with; the tests compare them).
 #pragma once
 

@@ -184,14 +184,18 @@ Format format_by_name(std::string_view name) {
     canonical += std::to_string(e);
     canonical += 'm';
     canonical += std::to_string(m);
+    // Range first: the spelling hint names only a format that exists.
+    Format format = [&] {
+      try {
+        return Format(e, m, Encoding::ieee, true, canonical);
+      } catch (const std::invalid_argument& err) {
+        throw std::invalid_argument("format '" + std::string(name) + "': " + err.what());
+      }
+    }();
     if (name != canonical)
       throw std::invalid_argument("format '" + std::string(name) + "': write it " + canonical +
                                   " (no leading zeros)");
-    try {
-      return Format(e, m, Encoding::ieee, true, std::string(name));
-    } catch (const std::invalid_argument& err) {
-      throw std::invalid_argument("format '" + std::string(name) + "': " + err.what());
-    }
+    return format;
   }
   throw std::invalid_argument("unknown format '" + std::string(name) +
                               "' (known: fp64 fp32 tf32 bf16 fp16 fp8-e5m2 fp8-e4m3, or eXmY "

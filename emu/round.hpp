@@ -59,10 +59,12 @@ struct RoundSpec {
 //  5. Tininess is decided on the exact value (|x| < min_normal, before rounding). With
 //     subnormals, UFLO is raised when x is tiny and inexact; without, a tiny x flushes
 //     to signed zero and raises UFLO and INEXACT. So with subnormals off a value just
-//     below min_normal that would round up to min_normal still flushes to zero. This is
-//     Arm's flush-to-zero rule (Arm ARM, FPRoundBase pseudocode with FPCR.FZ = 1 and
-//     FPCR.AH = 0: the exponent of the unrounded value is compared with the minimum,
-//     before rounding; gem5's Arm model, src/arch/arm/insts/fplib.cc, does the same). x86
+//     below min_normal that would round up to min_normal still flushes to zero. When to
+//     flush follows Arm's flush-to-zero rule (Arm ARM, FPRoundBase pseudocode with
+//     FPCR.FZ = 1 and FPCR.AH = 0: the exponent of the unrounded value is compared with
+//     the minimum, before rounding; gem5's Arm model, src/arch/arm/insts/fplib.cc, does
+//     the same); the flags do not: Arm raises only its underflow flag there, emu raises
+//     INEXACT too, as the result differs from the exact value. x86
 //     FTZ instead flushes results that are tiny after rounding; the IPU's documents do
 //     not say, so for the IPU it is a choice.
 // Special operands and results:
