@@ -335,7 +335,8 @@ Experiment make_train() {
       {"final_loss_scale", "loss scale after the last step (1 without loss scaling)"},
       {"frac_lost_updates", "non-zero finite updates (all parameters, all applied steps) that left the stored state "
                             "unchanged: the weight (fp32, fp16-rn, fp16-sr), the master weight (fp32-master), or "
-                            "both the weight and its compensation (fp16-kahan); swamping. NaN when no update was non-zero (e.g. an lr/S that rounded to 0)"},
+                            "both the weight and its compensation (fp16-kahan); swamping. NaN when no update was "
+                            "non-zero (e.g. an lr/S that rounded to 0)"},
       {"frac_values_changed", "fraction of all trainable values (weights, bias, gamma, beta) whose stored state "
                               "(master copy for fp32-master) differs from its initial value at the end; 0 = the "
                               "model never moved"},
