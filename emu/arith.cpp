@@ -5,8 +5,10 @@
 #pragma GCC diagnostic ignored "-Warray-bounds"
 #include <boost/multiprecision/cpp_bin_float.hpp>
 #pragma GCC diagnostic pop
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 
 namespace emu {
 
@@ -143,12 +145,47 @@ Exact exact_sqrt(double a) {
   return to_exact(Wide(sn), sign_of(rem));
 }
 
-void Context::raise(Flags raised, const char* op, std::initializer_list<double> operands) {
+void Context::push_scope(std::string_view name) {
+  scope_lengths_.push_back(scope_.size());
+  if (!scope_.empty()) scope_ += '.';
+  scope_ += name;
+}
+
+void Context::pop_scope() {
+  if (scope_lengths_.empty()) throw std::logic_error("emu::Context::pop_scope without a scope");
+  scope_.resize(scope_lengths_.back());
+  scope_lengths_.pop_back();
+}
+
+void Context::set_element(std::int64_t flat, std::initializer_list<std::int64_t> index) {
+  if (index.size() > static_cast<std::size_t>(Element::kMaxRank))
+    throw std::logic_error("emu::Context::set_element: more than Element::kMaxRank dimensions");
+  element_.flat = flat;
+  element_.rank = static_cast<int>(index.size());
+  std::copy(index.begin(), index.end(), element_.index.begin());
+}
+
+void Context::count(Flags counted, const char* op, std::initializer_list<double> operands, double result) {
+  for (Flag f : kAllFlags) {
+    if (!(counted & f)) continue;
+    auto key = std::make_tuple(scope_, std::string(op), f);
+    const auto it = count_index_.find(key);
+    if (it != count_index_.end()) {
+      ++counts_[it->second].count;
+      continue;
+    }
+    count_index_.emplace(std::move(key), counts_.size());
+    counts_.push_back(OpCount{scope_, op, f, 1, element_, std::vector<double>(operands), result});
+  }
+}
+
+void Context::raise(Flags raised, const char* op, std::initializer_list<double> operands, double result) {
   status_ |= raised;
+  if (const Flags counted = raised & control.counted) count(counted, op, operands, result);
   const Flags trapped = raised & control.traps;
   if (!trapped) return;
-  for (Flag f : {INV, DIV0, OFLO})  // one exception: the most severe enabled flag
-    if (trapped & f) throw FpException(f, op, std::vector<double>(operands));
+  for (Flag f : {INV, DIV0, OFLO, UFLO, INEXACT})  // one exception: the most severe enabled flag
+    if (trapped & f) throw FpException(TrapReport{f, scope_, op, element_, std::vector<double>(operands), result, status_});
 }
 
 double Context::round_with(Rounding mode, const Format& f, const Exact& x, const char* op,
@@ -156,7 +193,7 @@ double Context::round_with(Rounding mode, const Format& f, const Exact& x, const
   RoundSpec s = spec();
   s.mode = mode;
   const double r = emu::round(f, x, s, &rng_, raised);
-  raise(raised, op, operands);
+  raise(raised, op, operands, r);
   return r;
 }
 
@@ -166,7 +203,7 @@ double Context::round(const Format& f, const Exact& x, const char* op,
 }
 
 double Context::invalid(const char* op, std::initializer_list<double> operands) {
-  raise(INV, op, operands);
+  raise(INV, op, operands, kNaN);
   return kNaN;
 }
 
@@ -211,11 +248,10 @@ double Context::mul(const Format& f, double a, double b) {
 double Context::div(const Format& f, double a, double b) {
   if (std::isnan(a) || std::isnan(b)) return kNaN;
   if ((a == 0 && b == 0) || (std::isinf(a) && std::isinf(b))) return invalid("div", {a, b});
-  if (b == 0) {
-    raise(DIV0, "div", {a, b});
-    return round(f, Exact{a / b}, "div", {a, b});  // +-inf (NaN in formats without inf)
-  }
+  // An infinite dividend gives an exact infinity (also for a zero divisor): IEEE 754
+  // 7.3 raises divideByZero only for an infinite result from finite operands.
   if (std::isinf(a) || std::isinf(b)) return round(f, Exact{a / b}, "div", {a, b});
+  if (b == 0) return round(f, Exact{a / b}, "div", {a, b}, DIV0);  // +-inf (NaN in formats without inf)
   return round(f, exact_div(a, b), "div", {a, b});
 }
 
@@ -252,7 +288,7 @@ std::partial_ordering Context::compare(double a, double b) {
 
 bool Context::less(double a, double b) {
   if (std::isnan(a) || std::isnan(b)) {
-    raise(INV, "less", {a, b});
+    raise(INV, "less", {a, b}, kNaN);
     return false;
   }
   return a < b;

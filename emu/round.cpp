@@ -99,8 +99,8 @@ double pow2(int e) { return std::bit_cast<double>(static_cast<std::uint64_t>(e +
 // last kept bit lies 1..63 bits into x's significand (or x needs no rounding). Same
 // decisions as the general path below, without libm calls. Returns false when x is not
 // such a case.
-bool round_fast(const Format& f, double ax, bool negative, const RoundSpec& spec, Rng* rng, Flags& flags,
-                double& result) {
+bool round_fast(const Format& f, double ax, bool negative, bool tiny, const RoundSpec& spec, Rng* rng,
+                Flags& flags, double& result) {
   const auto bits = std::bit_cast<std::uint64_t>(ax);
   const int field = static_cast<int>(bits >> 52);
   if (field == 0) return false;  // double subnormal
@@ -109,7 +109,6 @@ bool round_fast(const Format& f, double ax, bool negative, const RoundSpec& spec
   if (q < -1022) return false;
   const std::uint64_t significand = (bits & ((std::uint64_t{1} << 52) - 1)) | (std::uint64_t{1} << 52);
   const int shift = q - (e - 52);  // bits of the significand below the last kept bit
-  const bool tiny = ax < f.min_normal();
   if (shift <= 0) {  // representable to the last bit; only the range can fail
     if (ax > f.max_finite()) result = overflow_result(f, negative, spec, flags);
     else result = negative ? -ax : ax;
@@ -121,28 +120,68 @@ bool round_fast(const Format& f, double ax, bool negative, const RoundSpec& spec
   const std::uint64_t half = std::uint64_t{1} << (shift - 1);
   const bool inexact = rest != 0;
   bool up = false;
-  switch (spec.mode) {
-    case Rounding::rne: up = rest > half || (rest == half && (n & 1)); break;
-    case Rounding::rna: up = rest >= half; break;
-    case Rounding::rz: up = false; break;
-    case Rounding::ru: up = inexact && !negative; break;
-    case Rounding::rd: up = inexact && negative; break;
-    case Rounding::ro: up = inexact && !(n & 1); break;
-    case Rounding::sr:
-      up = inexact && stochastic_round_up(static_cast<double>(rest) * pow2(-shift), 0.0, spec.sr_bits, rng);
-      break;
+  if (spec.mode == Rounding::sr) {
+    up = inexact && stochastic_round_up(static_cast<double>(rest) * pow2(-shift), 0.0, spec.sr_bits, rng);
+  } else {
+    const Discarded d = !inexact      ? Discarded::zero
+                        : rest < half ? Discarded::below_half
+                        : rest == half ? Discarded::half
+                                       : Discarded::above_half;
+    up = round_up(spec.mode, negative, (n & 1) != 0, d);
   }
   const double magnitude = static_cast<double>(n + (up ? 1 : 0)) * pow2(q);  // exact: n + 1 <= 2^53
   if (magnitude > f.max_finite()) {
     result = overflow_result(f, negative, spec, flags);
     return true;
   }
+  if (tiny && spec.tininess == Tininess::after && spec.mode == Rounding::sr) tiny = magnitude < f.min_normal();
   if (inexact) flags |= tiny ? (INEXACT | UFLO) : INEXACT;
   result = negative ? -magnitude : magnitude;
   return true;
 }
 
+// Tininess after rounding (IEEE 754 7.5): whether x, 0 < |x| <= min_normal with |x| =
+// ax + lo (lo scaled as in Exact, positive away from zero) and below min_normal, rounds
+// to min_normal at the format's precision with an unbounded exponent range. Only values
+// in the last half-binade below min_normal can: there the unbounded grid has spacing
+// 2^(emin - 1 - fraction_bits) and x must lie above its largest point below min_normal.
+// Under sr this draws the random decision (one rounding of x with unbounded exponent).
+bool rounds_to_min_normal(const Format& f, double ax, double lo, int lo_scale, const RoundSpec& spec, bool negative,
+                          Rng* rng) {
+  const int q = f.emin() - 1 - f.fraction_bits();
+  if (ax < std::ldexp(1.0, f.emin() - 1)) return false;
+  const double m = std::ldexp(ax, -q);  // exact: ax has 53 bits, m < 2^(fraction_bits + 2)
+  double n = std::floor(m);
+  double frac = m - n;
+  double ls = lo == 0 ? 0.0 : std::ldexp(lo, -q - lo_scale);
+  if (ls == 0 && lo != 0) ls = std::copysign(std::numeric_limits<double>::denorm_min(), lo);
+  if (frac == 0 && ls < 0) {  // just below the grid point n
+    n -= 1;
+    frac = 1.0;
+  }
+  if (n != std::ldexp(1.0, f.fraction_bits() + 1) - 1) return false;  // not the last point below min_normal
+  if (frac == 0 && ls == 0) return false;                               // x is that point exactly
+  if (spec.mode == Rounding::sr) return stochastic_round_up(frac, ls, spec.sr_bits, rng);
+  const double from_half = (frac - 0.5) + ls;  // exact sign, as in round()
+  const Discarded d = from_half > 0 ? Discarded::above_half : from_half == 0 ? Discarded::half : Discarded::below_half;
+  return round_up(spec.mode, negative, true, d);  // n = 2^(p+1) - 1 is odd
+}
+
 }  // namespace
+
+bool round_up(Rounding mode, bool negative, bool n_odd, Discarded discarded) {
+  if (discarded == Discarded::zero) return false;
+  switch (mode) {
+    case Rounding::rne: return discarded == Discarded::above_half || (discarded == Discarded::half && n_odd);
+    case Rounding::rna: return discarded != Discarded::below_half;
+    case Rounding::rz: return false;
+    case Rounding::ru: return !negative;
+    case Rounding::rd: return negative;
+    case Rounding::ro: return !n_odd;
+    case Rounding::sr: break;
+  }
+  throw std::logic_error("round_up: stochastic rounding is decided from random bits");
+}
 
 double round(const Format& f, const Exact& x, const RoundSpec& spec, Rng* rng, Flags& flags) {
   const double hi = x.hi;
@@ -176,14 +215,25 @@ double round(const Format& f, const Exact& x, const RoundSpec& spec, Rng* rng, F
 
   const double ax = std::fabs(hi);
   const double lo = negative ? -x.lo : x.lo;  // residual, positive = away from zero
-  const bool tiny = ax < f.min_normal() || (ax == f.min_normal() && lo < 0);
+  bool tiny = ax < f.min_normal() || (ax == f.min_normal() && lo < 0);
+  // Tininess after rounding: decided here, except under sr with subnormals, where the
+  // delivered result decides (below).
+  const bool after = spec.tininess == Tininess::after;
+  if (tiny && after && (spec.mode != Rounding::sr || !f.subnormals()) &&
+      rounds_to_min_normal(f, ax, lo, x.lo_scale, spec, negative, rng)) {
+    tiny = false;
+    if (!f.subnormals()) {  // x rounds to min_normal, which the format has
+      flags |= INEXACT;
+      return negative ? -f.min_normal() : f.min_normal();
+    }
+  }
   if (tiny && !f.subnormals()) {
     flags |= UFLO | INEXACT;
     return negative ? -0.0 : 0.0;
   }
   if (lo == 0) {
     double result;
-    if (round_fast(f, ax, negative, spec, rng, flags, result)) return result;
+    if (round_fast(f, ax, negative, tiny, spec, rng, flags, result)) return result;
   }
 
   const int p = f.fraction_bits();
@@ -215,17 +265,18 @@ double round(const Format& f, const Exact& x, const RoundSpec& spec, Rng* rng, F
   const bool n_odd = (static_cast<std::uint64_t>(n) & 1) != 0;  // n < 2^54: an exact integer
 
   bool up = false;
-  switch (spec.mode) {
-    case Rounding::rne: up = above_half || (exact_half && n_odd); break;
-    case Rounding::rna: up = above_half || exact_half; break;
-    case Rounding::rz: up = false; break;
-    case Rounding::ru: up = inexact && !negative; break;
-    case Rounding::rd: up = inexact && negative; break;
-    case Rounding::ro: up = inexact && !n_odd; break;
-    case Rounding::sr: up = inexact && stochastic_round_up(frac, ls, spec.sr_bits, rng); break;
+  if (spec.mode == Rounding::sr) {
+    up = inexact && stochastic_round_up(frac, ls, spec.sr_bits, rng);
+  } else {
+    const Discarded d = !inexact     ? Discarded::zero
+                        : above_half ? Discarded::above_half
+                        : exact_half ? Discarded::half
+                                     : Discarded::below_half;
+    up = round_up(spec.mode, negative, n_odd, d);
   }
   const double magnitude = std::ldexp(n + (up ? 1.0 : 0.0), q);
   if (magnitude > f.max_finite()) return overflow_result(f, negative, spec, flags);
+  if (tiny && after && spec.mode == Rounding::sr) tiny = magnitude < f.min_normal();
   if (inexact) flags |= tiny ? (INEXACT | UFLO) : INEXACT;
   return negative ? -magnitude : magnitude;
 }

@@ -34,7 +34,21 @@ struct RoundSpec {
   Rounding mode = Rounding::rne;
   Overflow overflow = Overflow::inf;
   int sr_bits = 0;  // see below
+  Tininess tininess = Tininess::before;  // see step 5 below
 };
+
+// The rounding decision of every deterministic mode, the one table emu uses: whether the
+// truncated significand n (of sign `negative`) becomes n + 1, given what was discarded.
+//   discarded   zero  below_half  half        above_half
+//   rne         no    no          if n odd    yes
+//   rna         no    no          yes         yes
+//   rz          no    no          no          no
+//   ru          no    if positive if positive if positive
+//   rd          no    if negative if negative if negative
+//   ro          no    if n even   if n even   if n even   (the result is odd)
+// sr is decided from random bits by the caller; passing it is a logic error.
+enum class Discarded { zero, below_half, half, above_half };
+bool round_up(Rounding mode, bool negative, bool n_odd, Discarded discarded);
 
 // Rounds x into f; ORs the raised flags (OFLO, INV, UFLO, INEXACT) into `flags` and
 // returns the result as a double (exactly a value of f). `rng` is read only when
@@ -56,17 +70,25 @@ struct RoundSpec {
 //            between 0 and 2^-k ulp (a bias toward zero).
 //  4. Overflow when the rounded magnitude exceeds max_finite (rounding with unbounded
 //     exponent, so rz of a value just above max is not an overflow): the Overflow policy.
-//  5. Tininess is decided on the exact value (|x| < min_normal, before rounding). With
+//  5. Tininess, by spec.tininess. `before` (the default): x is tiny when |x| <
+//     min_normal, the exact value. `after` (IEEE 754 7.5's other choice, x86 and
+//     SoftFloat): x is tiny when x rounded to the format's precision with an unbounded
+//     exponent range (the same mode) lies below min_normal; the two differ only for x
+//     just below min_normal that rounds up to it. Under sr, `after` looks at the
+//     delivered result with subnormals on, and with subnormals off rounds x once with
+//     an unbounded exponent (one random draw) to see whether it reaches min_normal. With
 //     subnormals, UFLO is raised when x is tiny and inexact; without, a tiny x flushes
-//     to signed zero and raises UFLO and INEXACT. So with subnormals off a value just
-//     below min_normal that would round up to min_normal still flushes to zero. When to
-//     flush follows Arm's flush-to-zero rule (Arm ARM, FPRoundBase pseudocode with
-//     FPCR.FZ = 1 and FPCR.AH = 0: the exponent of the unrounded value is compared with
-//     the minimum, before rounding; gem5's Arm model, src/arch/arm/insts/fplib.cc, does
-//     the same); the flags do not: Arm raises only its underflow flag there, emu raises
-//     INEXACT too, as the result differs from the exact value. x86
-//     FTZ instead flushes results that are tiny after rounding; the IPU's documents do
-//     not say, so for the IPU it is a choice.
+//     to signed zero and raises UFLO and INEXACT, and a non-tiny x below min_normal
+//     (only under `after`) gives +-min_normal with INEXACT. So with subnormals off and
+//     `before`, a value just below min_normal that would round up to min_normal still
+//     flushes to zero. `before` with subnormals off follows Arm's flush-to-zero rule
+//     (Arm ARM, FPRoundBase pseudocode with FPCR.FZ = 1 and FPCR.AH = 0: the exponent
+//     of the unrounded value is compared with the minimum, before rounding; gem5's Arm
+//     model, src/arch/arm/insts/fplib.cc, does the same); the flags do not: Arm raises
+//     only its underflow flag there, emu raises INEXACT too, as the result differs from
+//     the exact value. `after` with subnormals off is x86's FTZ, which flushes results
+//     that are tiny after rounding. The IPU's documents do not say, so for the IPU it is
+//     a choice.
 // Special operands and results:
 //  - NaN gives NaN of the same sign, no flag.
 //  - +-inf gives +-inf. In a format without inf (OCP fp8-e4m3) an infinite operand has

@@ -39,6 +39,14 @@ E by_name(std::string_view name, const char* const (&names)[N], const char* what
 const char* const kRoundingNames[] = {"rne", "rna", "rz", "ru", "rd", "ro", "sr"};
 const char* const kOverflowNames[] = {"inf", "saturate", "nan"};
 const char* const kRngNames[] = {"philox", "ipu"};
+const char* const kTininessNames[] = {"before", "after"};
+const char* const kExceptionModeNames[] = {"off", "count", "trap"};
+
+std::string format_double(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
 
 }  // namespace
 
@@ -52,20 +60,39 @@ Overflow overflow_by_name(std::string_view name) {
 }
 const char* rng_kind_name(RngKind k) { return kRngNames[static_cast<int>(k)]; }
 RngKind rng_kind_by_name(std::string_view name) { return by_name<RngKind>(name, kRngNames, "rng"); }
+const char* tininess_name(Tininess t) { return kTininessNames[static_cast<int>(t)]; }
+Tininess tininess_by_name(std::string_view name) { return by_name<Tininess>(name, kTininessNames, "tininess"); }
+const char* exception_mode_name(ExceptionMode m) { return kExceptionModeNames[static_cast<int>(m)]; }
+ExceptionMode exception_mode_by_name(std::string_view name) {
+  return by_name<ExceptionMode>(name, kExceptionModeNames, "fp_exceptions mode");
+}
 
-FpException::FpException(Flag flag, std::string op, std::vector<double> operands)
+std::uint32_t fp_sts(Flags flags) {
+  return ((flags & INV) ? 1u : 0u) | ((flags & DIV0) ? 2u : 0u) | ((flags & OFLO) ? 4u : 0u);
+}
+
+std::string Element::to_string() const {
+  if (!known()) return "";
+  std::string s = rank == 0 ? "#" : "[";
+  if (rank == 0) return s.append(std::to_string(flat));
+  for (int i = 0; i < rank; ++i) {
+    if (i) s.append(", ");
+    s.append(std::to_string(index[static_cast<std::size_t>(i)]));
+  }
+  return s.append("]");
+}
+
+FpException::FpException(TrapReport report)
     : std::runtime_error([&] {
-        std::string msg = std::string("floating-point trap: ") + flag_name(flag) + " in " + op + "(";
-        for (std::size_t i = 0; i < operands.size(); ++i)
-{
-          char buf[32];
-          std::snprintf(buf, sizeof buf, "%.17g", operands[i]);
-          msg += (i ? ", " : "") + std::string(buf);
-        }
-        return msg + ")";
+        std::string msg = std::string("floating-point trap: ") + flag_name(report.flag) + " in ";
+        if (!report.scope.empty()) msg += report.scope + ": ";
+        msg += report.op + "(";
+        for (std::size_t i = 0; i < report.operands.size(); ++i)
+          msg += (i ? ", " : "") + format_double(report.operands[i]);
+        msg += ")";
+        if (report.element.known()) msg += " at element " + report.element.to_string();
+        return msg + " = " + format_double(report.result);
       }()),
-      flag_(flag),
-      op_(std::move(op)),
-      operands_(std::move(operands)) {}
+      report_(std::move(report)) {}
 
 }  // namespace emu

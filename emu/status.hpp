@@ -3,6 +3,7 @@
 // overflow policy (NANOO = NaN on overflow).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -49,6 +50,23 @@ enum class Overflow { inf, saturate, nan };
 const char* overflow_name(Overflow o);
 Overflow overflow_by_name(std::string_view name);
 
+// When a result counts as tiny (for UFLO, and for flushing when subnormals are off).
+// IEEE 754 (7.5) allows either: `before` rounding looks at the exact value (|x| <
+// min_normal), as Arm does (FPRoundBase); `after` rounding asks whether x rounded to
+// the format's precision with an unbounded exponent range is below min_normal, as x86
+// and Berkeley SoftFloat's default do. They differ only for x just below min_normal
+// that rounds up to it. emu's default is `before` (emu/round.hpp has the details).
+enum class Tininess { before, after };
+const char* tininess_name(Tininess t);  // "before", "after"
+Tininess tininess_by_name(std::string_view name);
+
+// What an experiment does with floating-point exceptions (its `fp_exceptions` parameter):
+// off: only the sticky flags; count: every enabled flag is counted per (scope, op), the
+// run goes to its end; trap: the first enabled flag stops the run with a TrapReport.
+enum class ExceptionMode { off, count, trap };
+const char* exception_mode_name(ExceptionMode m);  // "off", "count", "trap"
+ExceptionMode exception_mode_by_name(std::string_view name);
+
 // Where stochastic rounding takes its random bits from.
 enum class RngKind { philox, ipu };
 const char* rng_kind_name(RngKind k);
@@ -59,7 +77,11 @@ struct FpControl {
   // $FP_CTL.ESR: operations that honour it round stochastically, whatever `rounding`.
   bool esr = false;
   Overflow overflow = Overflow::inf;  // Overflow::nan is the IPU's NANOO
-  Flags traps = 0;                    // which of OFLO, DIV0, INV throw FpException
+  Flags traps = 0;                    // which flags throw FpException (IPU: OFLO, DIV0, INV)
+  // Which flags are counted per (scope, op) in Context::counts() (any of the five; the
+  // count costs nothing for flags that are not raised).
+  Flags counted = 0;
+  Tininess tininess = Tininess::before;
   // Random bits used by stochastic rounding: 0 = exact probabilities; k in 1..64 =
   // hardware-style: the discarded fraction is truncated to k bits and a k-bit random
   // number is added, so P(up) = floor(f * 2^k) / 2^k (biased toward zero by up to
@@ -70,19 +92,66 @@ struct FpControl {
   Rounding effective_rounding() const { return esr ? Rounding::sr : rounding; }
 };
 
+// The $FP_STS status register as the IPU would show it, for the IPU's three flags.
+// Graphcore's public documents (the Tile Vertex ISA, Poplar's Target API) name the
+// fields OFLO, DIV0 and INV of $FP_STS but give no bit positions that we could find;
+// emu takes the order of Poplar's Target::makeFpIctlValue(inv, div0, oflo, esr, nanoo):
+// bit 0 INV, bit 1 DIV0, bit 2 OFLO. UFLO and INEXACT are not in it.
+std::uint32_t fp_sts(Flags flags);
+
+// The element of a tensor operation a flag was raised in: the flat (row-major) index
+// into the operation's output and, where the caller knows it, the index per dimension.
+struct Element {
+  static constexpr int kMaxRank = 4;
+  std::int64_t flat = -1;  // -1: a scalar operation (no element)
+  int rank = 0;            // number of entries of `index` that are set
+  std::array<std::int64_t, kMaxRank> index{};
+
+  bool known() const { return flat >= 0; }
+  // "" (none), "#41" (flat index only) or "[3, 7]" (multi-dimensional).
+  std::string to_string() const;
+  friend bool operator==(const Element&, const Element&) = default;
+};
+
+// Everything known about the operation that raised an enabled flag.
+struct TrapReport {
+  Flag flag = INV;
+  std::string scope;             // "encoder.block3.ffn.wo", "" at top level
+  std::string op;                // "add", "mul", "div", "amp", "mma", ...
+  Element element;
+  std::vector<double> operands;  // as the op names them (may be empty for units)
+  double result = 0;             // the would-be result under the overflow policy
+  Flags status = 0;              // the sticky status, the trapping flag included
+  std::uint32_t fp_sts() const { return emu::fp_sts(status); }
+};
+
 // Thrown when an operation raises a flag that FpControl::traps enables. The sticky
 // status already holds the flag when this is thrown.
 class FpException : public std::runtime_error {
  public:
-  FpException(Flag flag, std::string op, std::vector<double> operands);
-  Flag flag() const { return flag_; }
-  const std::string& op() const { return op_; }
-  const std::vector<double>& operands() const { return operands_; }
+  explicit FpException(TrapReport report);
+  const TrapReport& report() const { return report_; }
+  Flag flag() const { return report_.flag; }
+  const std::string& op() const { return report_.op; }
+  const std::string& scope() const { return report_.scope; }
+  const Element& element() const { return report_.element; }
+  const std::vector<double>& operands() const { return report_.operands; }
+  double result() const { return report_.result; }
 
  private:
-  Flag flag_;
-  std::string op_;
-  std::vector<double> operands_;
+  TrapReport report_;
+};
+
+// One counted (scope, op, flag): how many elements (operations) raised it, and the
+// first of them.
+struct OpCount {
+  std::string scope;
+  std::string op;
+  Flag flag = INV;
+  std::uint64_t count = 0;
+  Element first_element;
+  std::vector<double> first_operands;
+  double first_result = 0;
 };
 
 }  // namespace emu

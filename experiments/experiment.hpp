@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include "emu/arith.hpp"
 #include "emu/rng.hpp"
 #include "emu/status.hpp"
 
@@ -88,7 +89,17 @@ struct RunResult {
   std::map<std::string, double> metrics;  // every MetricSpec name, NaN where undefined
   std::map<std::string, Trace> traces;    // the TraceSpecs this run recorded (may be none)
   emu::Flags flags = 0;                   // sticky FP status at the end of the run
+  // fp_exceptions: count — the counted flags per (scope, op), in the order first raised
+  // (the union over the run's contexts: merge_counts).
+  std::vector<emu::OpCount> fp_counts;
+  // fp_exceptions: trap — the report of the trap that ended the run (the runner sets it
+  // when the experiment lets emu::FpException escape; metrics are then NaN).
+  std::optional<emu::TrapReport> trap;
 };
+
+// Adds the counts of one context to a run's (same (scope, op, flag): counts add, the
+// first element stays the one already recorded).
+void merge_counts(std::vector<emu::OpCount>& into, const std::vector<emu::OpCount>& from);
 
 // Thrown by an experiment whose parameters name something unusable that validation
 // could not see (a data file that changed or vanished after the sweep was planned): bad
@@ -133,6 +144,17 @@ const Experiment* find_experiment(const std::string& name);
 struct Registration {
   explicit Registration(Experiment e);
 };
+
+// The floating-point exception parameters (the IPU's $FP_CTL enables), declared by every
+// experiment that runs emulated arithmetic:
+//   fp_exceptions  off | count | trap (default off)
+//   oflo, div0, inv  which flags count or trap (default true each)
+//   nanoo          true: an overflow gives NaN and raises INV (the IPU's NaN-on-overflow);
+//                  false (default): the experiment's own overflow policy
+std::vector<ParamSpec> fp_exception_params();
+// The control with the point's exception parameters applied: traps (trap) or counted
+// (count) = the enabled flags; nanoo sets Overflow::nan.
+emu::FpControl with_fp_exceptions(emu::FpControl control, const Params& p);
 
 // Common validators for parameters that name emu things.
 std::string check_format_name(const ParamValue& v);    // any format emu knows

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdio>
 
 #include "emu/format.hpp"
@@ -105,6 +106,44 @@ const Experiment* find_experiment(const std::string& name) {
 }
 
 Registration::Registration(Experiment e) { mutable_registry().push_back(std::move(e)); }
+
+void merge_counts(std::vector<emu::OpCount>& into, const std::vector<emu::OpCount>& from) {
+  for (const emu::OpCount& c : from) {
+    auto same = [&](const emu::OpCount& o) { return o.scope == c.scope && o.op == c.op && o.flag == c.flag; };
+    const auto it = std::find_if(into.begin(), into.end(), same);
+    if (it == into.end()) into.push_back(c);
+    else it->count += c.count;
+  }
+}
+
+std::vector<ParamSpec> fp_exception_params() {
+  return {
+      string_param("fp_exceptions", "off",
+                   "floating-point exceptions: off (sticky flags only), count (per scope and op, the run "
+                   "goes on) or trap (the first enabled exception ends the run, recorded in /traps)",
+                   {"off", "count", "trap"}),
+      bool_param("oflo", true, "fp_exceptions counts or traps overflow (the IPU's $FP_CTL.OFLO)"),
+      bool_param("div0", true, "fp_exceptions counts or traps division by zero ($FP_CTL.DIV0)"),
+      bool_param("inv", true, "fp_exceptions counts or traps invalid operations ($FP_CTL.INV)"),
+      bool_param("nanoo", false,
+                 "true: an overflow gives NaN and raises INV (the IPU's $FP_CTL.NANOO); false: the "
+                 "experiment's own overflow policy"),
+  };
+}
+
+emu::FpControl with_fp_exceptions(emu::FpControl control, const Params& p) {
+  emu::Flags enabled = 0;
+  if (p.boolean("oflo")) enabled |= emu::OFLO;
+  if (p.boolean("div0")) enabled |= emu::DIV0;
+  if (p.boolean("inv")) enabled |= emu::INV;
+  switch (emu::exception_mode_by_name(p.string("fp_exceptions"))) {
+    case emu::ExceptionMode::off: break;
+    case emu::ExceptionMode::count: control.counted |= enabled; break;
+    case emu::ExceptionMode::trap: control.traps |= enabled; break;
+  }
+  if (p.boolean("nanoo")) control.overflow = emu::Overflow::nan;
+  return control;
+}
 
 std::string check_format_name(const ParamValue& v) {
   return check_with(v, [](const std::string& s) { (void)emu::format_by_name(s); });
