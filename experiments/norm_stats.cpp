@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <span>
 #include <stdexcept>
@@ -37,17 +38,24 @@ namespace {
 
 constexpr const char* kAlgorithmNames[] = {"naive", "two_pass", "welford"};
 
+// sum over i of term(i) (which may compute), added in index order in the accumulation
+// format, in scope `name`, each step at element [row, i].
+template <typename Term>
+double sequential_sum(emu::Context& ctx, const emu::Format& acc, std::int64_t n, std::int64_t row, const char* name,
+                      Term term) {
+  emu::Scope scope(ctx, name);
+  double sum = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    emu::ElementGuard element(ctx, row * n + i, {row, i});
+    sum = ctx.add(acc, sum, term(i));
+  }
+  return sum;
+}
+
 // sum x_i (scope "<algorithm>.sum"), then / n (scope "<algorithm>.mean").
 double mean_of_sum(emu::Context& ctx, const emu::Format& acc, std::span<const double> x, std::int64_t row) {
   const auto n = static_cast<std::int64_t>(x.size());
-  double sum = 0.0;
-  {
-    emu::Scope scope(ctx, "sum");
-    for (std::int64_t i = 0; i < n; ++i) {
-      emu::ElementGuard element(ctx, row * n + i, {row, i});
-      sum = ctx.add(acc, sum, x[i]);
-    }
-  }
+  const double sum = sequential_sum(ctx, acc, n, row, "sum", [&](std::int64_t i) { return x[i]; });
   emu::Scope scope(ctx, "mean");
   emu::ElementGuard element(ctx, row, {row});
   return ctx.div(acc, sum, static_cast<double>(n));
@@ -57,14 +65,8 @@ Moments naive(emu::Context& ctx, const emu::Format& acc, std::span<const double>
   const auto n = static_cast<std::int64_t>(x.size());
   Moments m;
   m.mean = mean_of_sum(ctx, acc, x, row);
-  double sum_sq = 0.0;
-  {
-    emu::Scope scope(ctx, "sum_sq");
-    for (std::int64_t i = 0; i < n; ++i) {
-      emu::ElementGuard element(ctx, row * n + i, {row, i});
-      sum_sq = ctx.add(acc, sum_sq, ctx.mul(acc, x[i], x[i]));
-    }
-  }
+  const double sum_sq =
+      sequential_sum(ctx, acc, n, row, "sum_sq", [&](std::int64_t i) { return ctx.mul(acc, x[i], x[i]); });
   emu::Scope scope(ctx, "var");
   emu::ElementGuard element(ctx, row, {row});
   const double mean_sq = ctx.div(acc, sum_sq, static_cast<double>(n));
@@ -76,15 +78,10 @@ Moments two_pass(emu::Context& ctx, const emu::Format& acc, std::span<const doub
   const auto n = static_cast<std::int64_t>(x.size());
   Moments m;
   m.mean = mean_of_sum(ctx, acc, x, row);
-  double sum_sq_dev = 0.0;
-  {
-    emu::Scope scope(ctx, "sum_sq_dev");
-    for (std::int64_t i = 0; i < n; ++i) {
-      emu::ElementGuard element(ctx, row * n + i, {row, i});
-      const double dev = ctx.sub(acc, x[i], m.mean);
-      sum_sq_dev = ctx.add(acc, sum_sq_dev, ctx.mul(acc, dev, dev));
-    }
-  }
+  const double sum_sq_dev = sequential_sum(ctx, acc, n, row, "sum_sq_dev", [&](std::int64_t i) {
+    const double dev = ctx.sub(acc, x[i], m.mean);
+    return ctx.mul(acc, dev, dev);
+  });
   emu::Scope scope(ctx, "var");
   emu::ElementGuard element(ctx, row, {row});
   m.var = ctx.div(acc, sum_sq_dev, static_cast<double>(n));
@@ -113,7 +110,7 @@ Moments welford(emu::Context& ctx, const emu::Format& acc, std::span<const doubl
 }  // namespace
 
 Algorithm algorithm_by_name(std::string_view name) {
-  for (int i = 0; i < 3; ++i)
+  for (std::size_t i = 0; i < std::size(kAlgorithmNames); ++i)
     if (name == kAlgorithmNames[i]) return static_cast<Algorithm>(i);
   throw std::invalid_argument("unknown norm_stats algorithm '" + std::string(name) + "' (naive, two_pass, welford)");
 }
@@ -238,6 +235,8 @@ RunResult run_norm_stats(const Params& p, const RunEnv& env) {
         x[i] = ctx.round_with(emu::Rounding::rne, format, emu::Exact{value}, "convert", {value});
       }
     }
+    // Each vector's statistics start from a clear status, so that its flags are its own
+    // (a trap report's status shows the flags raised since this vector began).
     run_flags |= ctx.status();
     ctx.clear_status();
 

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -363,6 +364,17 @@ double relative(const Rational& exact_value, double computed) {
   return exact_value == 0 ? kInf : to_double(error / abs(exact_value));
 }
 
+// The report of the trap that ends a run at these parameters.
+emu::TrapReport trap_of(const std::map<std::string, roundoff::ParamValue>& p) {
+  try {
+    run_experiment("norm_stats", p);
+  } catch (const emu::FpException& e) {
+    return e.report();
+  }
+  FAIL("the run did not trap");
+  return {};
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t h = v.size() / 2;
@@ -452,29 +464,21 @@ TEST_CASE("norm_stats: naive fp16 above 256 counts every square and traps at the
   CHECK(find_count(counted.fp_counts, "naive.var", "sub", emu::INV)->count == 4);
   CHECK_FALSE(find_count(counted.fp_counts, "input", "convert", emu::OFLO));
 
-  try {
-    run_experiment("norm_stats", with("trap"));
-    FAIL("no trap");
-  } catch (const emu::FpException& e) {
-    CHECK(e.flag() == emu::OFLO);
-    CHECK(e.scope() == "naive.sum_sq");
-    CHECK(e.op() == "mul");
-    CHECK(e.element().to_string() == "[0, 0]");
-    CHECK(e.operands() == std::vector<double>{first, first});
-    CHECK(std::isinf(e.result()));
-  }
+  const emu::TrapReport oflo = trap_of(with("trap"));
+  CHECK(oflo.flag == emu::OFLO);
+  CHECK(oflo.scope == "naive.sum_sq");
+  CHECK(oflo.op == "mul");
+  CHECK(oflo.element.to_string() == "[0, 0]");
+  CHECK(oflo.operands == std::vector<double>{first, first});
+  CHECK(std::isinf(oflo.result));
   // Only INV enabled: the run traps at the subtraction inf - inf.
   auto only_inv = with("trap");
   only_inv["oflo"] = false;
-  try {
-    run_experiment("norm_stats", only_inv);
-    FAIL("no trap");
-  } catch (const emu::FpException& e) {
-    CHECK(e.flag() == emu::INV);
-    CHECK(e.scope() == "naive.var");
-    CHECK(e.op() == "sub");
-    CHECK(e.element().to_string() == "[0]");
-  }
+  const emu::TrapReport inv = trap_of(only_inv);
+  CHECK(inv.flag == emu::INV);
+  CHECK(inv.scope == "naive.var");
+  CHECK(inv.op == "sub");
+  CHECK(inv.element.to_string() == "[0]");
 
   // Two-pass at the same point: the sum of 32 values near 300 (9600) and the deviations
   // stay finite; only at length 512 (sum near 153,600) does the sum overflow.
