@@ -39,7 +39,7 @@ namespace {
 constexpr const char* kAlgorithmNames[] = {"naive", "two_pass", "welford"};
 
 // sum over i of term(i) (which may compute), added in index order in the accumulation
-// format, in scope `name`, each step at element [row, i].
+// format, in scope `name`, each step at element [row, i]: the passes of two_pass.
 template <typename Term>
 double sequential_sum(emu::Context& ctx, const emu::Format& acc, std::int64_t n, std::int64_t row, const char* name,
                       Term term) {
@@ -52,21 +52,29 @@ double sequential_sum(emu::Context& ctx, const emu::Format& acc, std::int64_t n,
   return sum;
 }
 
-// sum x_i (scope "<algorithm>.sum"), then / n (scope "<algorithm>.mean").
-double mean_of_sum(emu::Context& ctx, const emu::Format& acc, std::span<const double> x, std::int64_t row) {
-  const auto n = static_cast<std::int64_t>(x.size());
-  const double sum = sequential_sum(ctx, acc, n, row, "sum", [&](std::int64_t i) { return x[i]; });
+// sum / n (scope "<algorithm>.mean").
+double mean_of(emu::Context& ctx, const emu::Format& acc, double sum, std::int64_t n, std::int64_t row) {
   emu::Scope scope(ctx, "mean");
   emu::ElementGuard element(ctx, row, {row});
   return ctx.div(acc, sum, static_cast<double>(n));
 }
 
+// One pass, as hardware runs it: the two sums advance together, so that the first
+// exception is the one a one-pass kernel would raise first.
 Moments naive(emu::Context& ctx, const emu::Format& acc, std::span<const double> x, std::int64_t row) {
   const auto n = static_cast<std::int64_t>(x.size());
+  double sum = 0.0, sum_sq = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    emu::ElementGuard element(ctx, row * n + i, {row, i});
+    {
+      emu::Scope scope(ctx, "sum");
+      sum = ctx.add(acc, sum, x[i]);
+    }
+    emu::Scope scope(ctx, "sum_sq");
+    sum_sq = ctx.add(acc, sum_sq, ctx.mul(acc, x[i], x[i]));
+  }
   Moments m;
-  m.mean = mean_of_sum(ctx, acc, x, row);
-  const double sum_sq =
-      sequential_sum(ctx, acc, n, row, "sum_sq", [&](std::int64_t i) { return ctx.mul(acc, x[i], x[i]); });
+  m.mean = mean_of(ctx, acc, sum, n, row);
   emu::Scope scope(ctx, "var");
   emu::ElementGuard element(ctx, row, {row});
   const double mean_sq = ctx.div(acc, sum_sq, static_cast<double>(n));
@@ -77,7 +85,7 @@ Moments naive(emu::Context& ctx, const emu::Format& acc, std::span<const double>
 Moments two_pass(emu::Context& ctx, const emu::Format& acc, std::span<const double> x, std::int64_t row) {
   const auto n = static_cast<std::int64_t>(x.size());
   Moments m;
-  m.mean = mean_of_sum(ctx, acc, x, row);
+  m.mean = mean_of(ctx, acc, sequential_sum(ctx, acc, n, row, "sum", [&](std::int64_t i) { return x[i]; }), n, row);
   const double sum_sq_dev = sequential_sum(ctx, acc, n, row, "sum_sq_dev", [&](std::int64_t i) {
     const double dev = ctx.sub(acc, x[i], m.mean);
     return ctx.mul(acc, dev, dev);

@@ -2,10 +2,8 @@
 // variance of one vector, every operation rounded into an accumulation format through an
 // emu::Context. Exposed so that tests can run them on vectors they construct.
 //
-//   naive     E[x^2] - E[x]^2: s = sum x_i, q = sum x_i^2 (the square rounded, then
-//             added), mean = s / n, var = q / n - mean * mean. One pass on hardware; here
-//             the two sums run as two loops, which gives the same numbers (the two
-//             accumulators never meet until the end).
+//   naive     E[x^2] - E[x]^2 in one pass: s += x_i and q += x_i^2 (the square rounded,
+//             then added) step by step, then mean = s / n, var = q / n - mean * mean.
 //   two_pass  subtract the mean first (Poplar's use_stable_statistics): mean = (sum x_i)
 //             / n, then var = (sum (x_i - mean)^2) / n.
 //   welford   one pass with a running mean (Welford 1962): for k = 1..n,

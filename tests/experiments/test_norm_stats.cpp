@@ -471,6 +471,17 @@ TEST_CASE("norm_stats: naive fp16 above 256 counts every square and traps at the
   CHECK(oflo.element.to_string() == "[0, 0]");
   CHECK(oflo.operands == std::vector<double>{first, first});
   CHECK(std::isinf(oflo.result));
+  // Naive is one pass: at length 512 the running sum overflows too (near element 218,
+  // 218 x 300 > 65504), but the square of element 0 comes first.
+  auto long_vectors = with("trap");
+  long_vectors["length"] = std::int64_t{512};
+  const emu::TrapReport first_of_two = trap_of(long_vectors);
+  CHECK(first_of_two.scope == "naive.sum_sq");
+  CHECK(first_of_two.element.to_string() == "[0, 0]");
+  long_vectors["fp_exceptions"] = "count";
+  const auto both = run_experiment("norm_stats", long_vectors);
+  REQUIRE(find_count(both.fp_counts, "naive.sum", "add", emu::OFLO));
+  CHECK(find_count(both.fp_counts, "naive.sum", "add", emu::OFLO)->count == 4);  // once per vector: then inf
   // Only INV enabled: the run traps at the subtraction inf - inf.
   auto only_inv = with("trap");
   only_inv["oflo"] = false;
