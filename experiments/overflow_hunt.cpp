@@ -232,15 +232,15 @@ std::vector<ParamSpec> params() {
       int_param("seq", 32, "tokens", 2, 4096),
       int_param("pad", 8, "the last pad tokens are padding, masked as keys (the errors leave them out)", 0, 4095),
       real_param("input_std", 1.0, "std of the synthetic input embeddings", 0, 1e4),
-      real_param("qk_gain", 1.0,
+      real_param("qk_gain", 1.5,
                  "Wq and Wk have std qk_gain / sqrt(d_model): scores have std about qk_gain^2 sqrt(d_kv)", 0, 1e4),
-      real_param("ffn_gain", 1.0, "wi_0 and wi_1 have std ffn_gain / sqrt(d_model): the GeLU's input has std about "
-                                  "ffn_gain", 0, 1e4),
-      int_param("outlier_channels", 0,
+      real_param("ffn_gain", 12, "wi_0 and wi_1 have std ffn_gain / sqrt(d_model): the GeLU's input has std about "
+                                 "ffn_gain", 0, 1e4),
+      int_param("outlier_channels", 2,
                 "residual channels, spread evenly over d_model, that wo writes large values into (T5's "
                 "heavy-tailed FFN outputs)",
                 0, 4096),
-      real_param("outlier_scale", 1.0, "wo's columns into the outlier channels have std outlier_scale / sqrt(d_ff)",
+      real_param("outlier_scale", 240, "wo's columns into the outlier channels have std outlier_scale / sqrt(d_ff)",
                  0, 1e6),
       bool_param("norm_fp32", true, "the RMS norm's statistics and scaling in fp32, cast to format after (the port)"),
       bool_param("softmax_fp32", true, "softmax in fp32: scores cast up, probabilities cast back (the port)"),
