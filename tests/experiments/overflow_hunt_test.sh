@@ -116,23 +116,7 @@ assert (m["first_inv_op"][point(nanoo=True, mask_scale=0.75)] == 13).all()
 print("shipped config: each fix removes its own overflow, all fixes none")
 EOF
 
-if ! command -v jupyter-nbconvert >/dev/null 2>&1; then
-  echo "SKIP: jupyter-nbconvert not installed"
-  exit 77
-fi
-if ! "$python" -c "import ipykernel" 2>/dev/null; then
-  echo "SKIP: python3-ipykernel not installed"
-  exit 77
-fi
-# The notebook runs from its own folder (it imports ../roundoff_h5.py); the executed copy
-# goes to the temp dir, so the shipped notebook stays without outputs.
-(cd "$root/scripts/notebooks" &&
-  ROUNDOFF_H5="$h5" PYDEVD_DISABLE_FILE_VALIDATION=1 jupyter-nbconvert --to notebook --execute \
-    --ExecutePreprocessor.timeout=120 --output-dir "$work/executed" overflow_hunt.ipynb) >"$work/nbconvert.log" 2>&1 || {
-  cat "$work/nbconvert.log"
-  echo "FAIL: the notebook did not execute"
-  exit 1
-}
+bash "$root/tests/experiments/execute_notebook.sh" "$root" overflow_hunt "$h5" "$work/executed" || exit $?
 # Its summary cell printed the all-fixes line from this very file.
 grep -q "ipu-amp      nanoo=false all fixes .* OFLO: none" "$work/executed/overflow_hunt.ipynb" || {
   echo "FAIL: the executed notebook lacks the all-fixes summary"
