@@ -21,7 +21,8 @@ constexpr const char* kOpScopes[kOps] = {
 constexpr double kNormEps = 1e-6;                    // T5's layer_norm_epsilon
 constexpr double kSqrt2OverPi = 0.7978845608028654;  // sqrt(2 / pi), gelu_new's factor
 constexpr double kGeluCubic = 0.044715;              // gelu_new's cubic coefficient
-// Matrices per block in synthetic_weights' lane numbering (q k v o wi_0 wi_1 wo).
+// synthetic_weights' streams: matrix m of block b (q k v o wi_0 wi_1 wo: m = 0..6) on
+// lane kFirstBlockLane + kLanesPerBlock b + m, the inputs on lane 1.
 constexpr int kLanesPerBlock = 16;
 constexpr int kFirstBlockLane = 16;
 
@@ -126,7 +127,7 @@ class Forward {
     }
     std::vector<double> out(seq_ * d_);
     emu::Scope scope(ctx_, op_scope(Op::final_norm));
-    rms_norm(h, w.final_norm, out, stats_[static_cast<int>(Op::final_norm)]);
+    rms_norm(h, w.final_norm, out, stats(Op::final_norm));
     return out;
   }
 

@@ -70,7 +70,19 @@ assert m["rel_error"][1, 0] < 0.01 and m["cosine_similarity"][1, 0] > 0.9999, "a
 assert m["rel_error"][0, 0] > 10 * m["rel_error"][1, 0]
 print("no fixes: OFLO at %s; all fixes: none, rel_error %.3g" % (sorted(raised("oflo", 0)), m["rel_error"][1, 0]))
 EOF
-  echo "small config: -j 1 and -j 2 agree, sites as published"
+  # configs/README.md lists the ops in the order of the code (first_oflo_op's meaning).
+  "$sweep" --describe overflow_hunt >"$work/describe.txt"
+  "$python" - "$work/describe.txt" "$root/configs/README.md" <<'EOF'
+import re, sys
+described = open(sys.argv[1]).read()
+code = re.search(r"first_oflo_op .*?its index: (.*?) \(NaN: none\)", described).group(1)
+code = [tuple(item.split(" ")) for item in code.split(", ")]
+readme = " ".join(open(sys.argv[2]).read().split())
+listed = re.search(r"the op names, in execution order, are: (.*?)\. The per-\(scope, op\)", readme).group(1)
+listed = [(i, name.replace(".", "_")) for i, name in re.findall(r"(\d+) `([a-z_0-9.]+)`", listed)]
+assert len(code) == 18 and listed == code, "configs/README.md lists %s, the code %s" % (listed, code)
+EOF
+  echo "small config: -j 1 and -j 2 agree, sites as published; the README's op list is the code's"
   exit 0
 fi
 
