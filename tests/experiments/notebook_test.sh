@@ -39,23 +39,7 @@ for png in swamping_trace.png swamping_finals.png; do
 done
 echo "plot.py: $(tr '\n' ' ' <"$work/plots.txt")"
 
-if ! command -v jupyter-nbconvert >/dev/null 2>&1; then
-  echo "SKIP: jupyter-nbconvert not installed"
-  exit 77
-fi
-if ! "$python" -c "import ipykernel" 2>/dev/null; then
-  echo "SKIP: python3-ipykernel not installed"
-  exit 77
-fi
-# The notebook runs from its own folder (it imports ../roundoff_h5.py); the executed copy
-# goes to the temp dir, so the shipped notebook stays without outputs.
-(cd "$root/scripts/notebooks" &&
-  ROUNDOFF_H5="$h5" PYDEVD_DISABLE_FILE_VALIDATION=1 jupyter-nbconvert --to notebook --execute \
-    --ExecutePreprocessor.timeout=120 --output-dir "$work/executed" swamping.ipynb) >"$work/nbconvert.log" 2>&1 || {
-  cat "$work/nbconvert.log"
-  echo "FAIL: the notebook did not execute"
-  exit 1
-}
+bash "$root/tests/experiments/execute_notebook.sh" "$root" swamping "$h5" "$work/executed" || exit $?
 # Its summary cell printed the fp16 rne line from this very file.
 grep -q "fp16  rne  mean 0.250000" "$work/executed/swamping.ipynb" || {
   echo "FAIL: the executed notebook lacks the fp16 rne summary"
