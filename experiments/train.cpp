@@ -110,13 +110,13 @@ std::shared_ptr<const data::Split> prepare_data(const Params& p, std::uint64_t s
     s = data::split(source == "teacher" ? data::make_teacher(spec) : data::make_synthetic(spec),
                     p.real("test_fraction"), seed);
   } else {
-    std::shared_ptr<const data::Dataset> file;
+    std::shared_ptr<const data::DataFile> file;
     try {
       file = data::load_h5(source);
     } catch (const std::invalid_argument& e) {
       throw BadInput(e.what());  // changed again since the check above
     }
-    s = data::split(*file, p.real("test_fraction"), seed);
+    s = data::split(file->samples, p.real("test_fraction"), seed);
   }
   data::standardise(s);
   return std::make_shared<const data::Split>(std::move(s));
@@ -128,7 +128,7 @@ namespace {
 std::size_t data_rows(const Params& p) {
   const std::string& source = p.string("data");
   if (is_builtin_data(source)) return static_cast<std::size_t>(p.integer("samples"));
-  return data::load_h5(source)->size();  // validates the layout; cached by path
+  return data::load_h5(source)->samples.size();  // validates the layout; cached by path
 }
 
 }  // namespace
