@@ -843,29 +843,41 @@ std::vector<double> amp_conv2d(Context& ctx, const AmpConfig& cfg, const Conv2dS
           w[o * k + position(c, ky, kx)] =
               weights[((o * s.in_channels + c) * s.kernel_height + ky) * s.kernel_width + kx];
 
+  // One AMP gemm per image: rows are its output positions (y, x) with their patches in
+  // reduction order, columns the output channels, C the partials. The gemm computes
+  // C row by row (the vectorised path where it applies gives the same bits), so the
+  // outputs come in the order n, y, x, o as documented.
+  const std::unique_ptr<MatrixUnit> unit = make_amp_unit(cfg);
+  const std::size_t positions = oh * ow, o_count = s.out_channels;
+  std::vector<double> b(k * o_count);
+  for (std::size_t o = 0; o < o_count; ++o)
+    for (std::size_t r = 0; r < k; ++r) b[r * o_count + o] = w[o * k + r];
   std::vector<double> out(s.output_size());
-  std::vector<double> patch(k);
-  AmpRun run(ctx, cfg);
-  for (std::size_t n = 0; n < s.batch; ++n)
+  std::vector<double> patches(positions * k), c(positions * o_count);
+  for (std::size_t n = 0; n < s.batch; ++n) {
+    std::fill(patches.begin(), patches.end(), 0.0);
     for (std::size_t y = 0; y < oh; ++y)
       for (std::size_t x = 0; x < ow; ++x) {
-        std::fill(patch.begin(), patch.end(), 0.0);
-        for (std::size_t c = 0; c < s.in_channels; ++c)
+        double* patch = patches.data() + (y * ow + x) * k;
+        for (std::size_t ch = 0; ch < s.in_channels; ++ch)
           for (std::size_t ky = 0; ky < s.kernel_height; ++ky) {
             const std::size_t row = y * s.stride_h + ky;  // in the padded input
             if (row < s.pad_h || row >= s.pad_h + s.height) continue;
             for (std::size_t kx = 0; kx < s.kernel_width; ++kx) {
               const std::size_t col = x * s.stride_w + kx;
               if (col < s.pad_w || col >= s.pad_w + s.width) continue;
-              patch[position(c, ky, kx)] =
-                  input[((n * s.in_channels + c) * s.height + (row - s.pad_h)) * s.width + (col - s.pad_w)];
+              patch[position(ch, ky, kx)] =
+                  input[((n * s.in_channels + ch) * s.height + (row - s.pad_h)) * s.width + (col - s.pad_w)];
             }
           }
-        for (std::size_t o = 0; o < s.out_channels; ++o) {
-          const std::size_t at = ((n * s.out_channels + o) * oh + y) * ow + x;
-          out[at] = run.dot(k, patch.data(), 1, w.data() + o * k, 1, partials_in.empty() ? 0.0 : partials_in[at]);
-        }
       }
+    for (std::size_t o = 0; o < o_count; ++o)
+      for (std::size_t q = 0; q < positions; ++q)
+        c[q * o_count + o] = partials_in.empty() ? 0.0 : partials_in[(n * o_count + o) * positions + q];
+    unit->gemm(ctx, positions, o_count, k, patches.data(), k, b.data(), o_count, c.data(), o_count);
+    for (std::size_t o = 0; o < o_count; ++o)
+      for (std::size_t q = 0; q < positions; ++q) out[(n * o_count + o) * positions + q] = c[q * o_count + o];
+  }
   return out;
 }
 

@@ -156,7 +156,8 @@ bool amp_gemm_is_vectorised(const Context& ctx, const AmpConfig& cfg);
 // output position (n, y, x) holds the input values in the order r, whose column o holds
 // w[o] in the same order, and whose C holds the partials: results, flags and, under
 // stochastic rounding, the random bits drawn, because the outputs are computed in that
-// gemm's row-major order, n, y, x outer and o inner. Rounding, esr, NANOO (overflow
+// gemm's row-major order, n, y, x outer and o inner. It is computed so: one gemm of
+// make_amp_unit per image (vectorised where amp_gemm_is_vectorised says). Rounding, esr, NANOO (overflow
 // policy) and traps come from ctx, which collects the status flags.
 struct Conv2dShape {
   std::size_t batch = 1, in_channels = 1, height = 1, width = 1;       // N C H W
