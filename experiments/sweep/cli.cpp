@@ -44,7 +44,8 @@ const char* const kUsage =
     "  --describe NAME    an experiment's parameters, metrics and traces\n"
     "\n"
     "Exit status: 0 ok, 1 internal error (a bug), 2 bad input, 130 interrupted (finished\n"
-    "points are saved; continue with --resume).\n";
+    "points are saved; continue with --resume). A run that fp_exceptions: trap stops is\n"
+    "recorded in the file (/traps), not an error.\n";
 
 struct Arguments {
   std::optional<std::string> config, output, describe;

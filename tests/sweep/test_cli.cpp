@@ -16,6 +16,7 @@
 #include <cmath>
 #include <numeric>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include "support.hpp"
@@ -222,6 +223,27 @@ TEST_CASE("--list, --describe, --dry-run", "[sweep][cli]") {
     CHECK(text.find("floating-point exceptions: takes fp_exceptions (off, count, trap)") != std::string::npos);
     CHECK(text.find("scope") != std::string::npos);
   }
+  // configs/README.md names the experiments that take them: the same as --describe says.
+  const char* root = std::getenv("ROUNDOFF_ROOT");
+  REQUIRE(root);
+  const std::string readme = sweep_test::read_file(std::string(root) + "/configs/README.md");
+  const std::string lead = "Which experiments take them: ";
+  const auto at = readme.find(lead);
+  REQUIRE(at != std::string::npos);
+  std::string named = readme.substr(at + lead.size(), readme.find('.', at) - at - lead.size());
+  std::replace(named.begin(), named.end(), ',', ' ');
+  std::set<std::string> documented;
+  std::istringstream words(named);
+  for (std::string w; words >> w;)
+    if (w != "and") documented.insert(w);
+  std::set<std::string> taking;
+  std::istringstream names(list.out);
+  for (std::string line; std::getline(names, line);) {
+    const std::string name = line.substr(0, line.find(' '));
+    if (run_program(sweep, {"--describe", name}, dir.path().string()).out.find("takes fp_exceptions (") != std::string::npos)
+      taking.insert(name);
+  }
+  CHECK(taking == documented);
   const auto grad = run_program(sweep, {"--describe", "grad_underflow"}, dir.path().string()).out;
   CHECK(grad.find("floating-point exceptions: takes no fp_exceptions parameters") != std::string::npos);
   CHECK(grad.find("fp_exceptions  ") == std::string::npos);  // not among its parameters
