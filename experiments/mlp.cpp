@@ -738,8 +738,10 @@ StepResult Trainer::step() {
   };
   apply(*weight_updater_, m.bias, linear_name(m.layers() - 1) + ".bias", false);
   for (int l = 0; l < m.layers(); ++l) apply(*weight_updater_, m.weights[l], linear_name(l), l == 0);
-  for (std::size_t b = 0; b < m.gamma.size(); ++b) apply(*bn_updater_, m.gamma[b], bn_name(static_cast<int>(b)) + ".gamma", false);
-  for (std::size_t b = 0; b < m.beta.size(); ++b) apply(*bn_updater_, m.beta[b], bn_name(static_cast<int>(b)) + ".beta", false);
+  for (std::size_t b = 0; b < m.gamma.size(); ++b)
+    apply(*bn_updater_, m.gamma[b], bn_name(static_cast<int>(b)) + ".gamma", false);
+  for (std::size_t b = 0; b < m.beta.size(); ++b)
+    apply(*bn_updater_, m.beta[b], bn_name(static_cast<int>(b)) + ".beta", false);
 
   if (spec_.loss_scale == LossScaleKind::dynamic && ++clean_run_ >= spec_.scale_interval) {
     scale_ *= spec_.scale_growth;

@@ -278,14 +278,20 @@ struct FpColumn {
 
 const FpColumn kFpColumns[] = {
     {"fp_counts/scope", FpKind::text, FpExtra::none, 0, "scope path of the counted operations (\"\" at top level)"},
-    {"fp_counts/op", FpKind::text, FpExtra::none, 0, "operation (add, sub, mul, div, fma, sqrt, convert, amp, mma, ...)"},
+    {"fp_counts/op", FpKind::text, FpExtra::none, 0,
+     "operation (add, sub, mul, div, fma, sqrt, convert, amp, mma, ...)"},
     {"fp_counts/flag", FpKind::text, FpExtra::none, 0, "the counted flag: OFLO, DIV0 or INV (\"\" in an unused row)"},
-    {"fp_counts/count", FpKind::uint64, FpExtra::none, 0, "operations (elements) that raised the flag in this scope and op; 0 in an unused row"},
-    {"fp_counts/first_element", FpKind::int64, FpExtra::none, -1, "flat index of the first such element; -1 if the operation names none"},
-    {"fp_counts/first_index", FpKind::int64, FpExtra::index, -1, "the first element's index per dimension; -1 beyond its rank"},
+    {"fp_counts/count", FpKind::uint64, FpExtra::none, 0,
+     "operations (elements) that raised the flag in this scope and op; 0 in an unused row"},
+    {"fp_counts/first_element", FpKind::int64, FpExtra::none, -1,
+     "flat index of the first such element; -1 if the operation names none"},
+    {"fp_counts/first_index", FpKind::int64, FpExtra::index, -1,
+     "the first element's index per dimension; -1 beyond its rank"},
     {"fp_counts/n_operands", FpKind::int64, FpExtra::none, 0, "number of operands of the first such operation"},
-    {"fp_counts/first_operands", FpKind::float64, FpExtra::operands, 0, "operands of the first such operation (NaN beyond n_operands)"},
-    {"fp_counts/first_result", FpKind::float64, FpExtra::none, 0, "result of the first such operation under the overflow policy"},
+    {"fp_counts/first_operands", FpKind::float64, FpExtra::operands, 0,
+     "operands of the first such operation (NaN beyond n_operands)"},
+    {"fp_counts/first_result", FpKind::float64, FpExtra::none, 0,
+     "result of the first such operation under the overflow policy"},
     {"traps/trapped", FpKind::uint8, FpExtra::none, 0, "1 where the run ended in a trap (its metrics are NaN)"},
     {"traps/flag", FpKind::text, FpExtra::none, 0, "the flag that trapped: OFLO, DIV0 or INV (\"\" if none)"},
     {"traps/scope", FpKind::text, FpExtra::none, 0, "scope path of the trapping operation"},
@@ -295,34 +301,27 @@ const FpColumn kFpColumns[] = {
     {"traps/n_operands", FpKind::int64, FpExtra::none, 0, "number of operands"},
     {"traps/operands", FpKind::float64, FpExtra::operands, 0, "the operands (NaN beyond n_operands)"},
     {"traps/result", FpKind::float64, FpExtra::none, 0, "the would-be result under the overflow policy"},
-    {"traps/fp_sts", FpKind::uint32, FpExtra::none, 0, "the status register as the IPU would show it: bit 0 INV, bit 1 DIV0, bit 2 OFLO"},
+    {"traps/fp_sts", FpKind::uint32, FpExtra::none, 0,
+     "the status register as the IPU would show it: bit 0 INV, bit 1 DIV0, bit 2 OFLO"},
     {"traps/report", FpKind::text, FpExtra::none, 0, "the trap report as one line of text"},
 };
 
 const char* const kEmptyText = "";
 
-hid_t fp_file_type(FpKind kind, hid_t text_type) {
+// The file and memory types of a column (`text`: the UTF-8 string type, both).
+struct FpTypes {
+  hid_t file, memory;
+};
+FpTypes fp_types(FpKind kind, hid_t text) {
   switch (kind) {
-    case FpKind::text: return text_type;
-    case FpKind::int64: return H5T_STD_I64LE;
-    case FpKind::uint64: return H5T_STD_U64LE;
-    case FpKind::uint32: return H5T_STD_U32LE;
-    case FpKind::uint8: return H5T_STD_U8LE;
-    case FpKind::float64: return H5T_IEEE_F64LE;
+    case FpKind::text: return {text, text};
+    case FpKind::int64: return {H5T_STD_I64LE, H5T_NATIVE_INT64};
+    case FpKind::uint64: return {H5T_STD_U64LE, H5T_NATIVE_UINT64};
+    case FpKind::uint32: return {H5T_STD_U32LE, H5T_NATIVE_UINT32};
+    case FpKind::uint8: return {H5T_STD_U8LE, H5T_NATIVE_UINT8};
+    case FpKind::float64: return {H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE};
   }
-  return -1;
-}
-
-hid_t fp_memory_type(FpKind kind, hid_t text_type) {
-  switch (kind) {
-    case FpKind::text: return text_type;
-    case FpKind::int64: return H5T_NATIVE_INT64;
-    case FpKind::uint64: return H5T_NATIVE_UINT64;
-    case FpKind::uint32: return H5T_NATIVE_UINT32;
-    case FpKind::uint8: return H5T_NATIVE_UINT8;
-    case FpKind::float64: return H5T_NATIVE_DOUBLE;
-  }
-  return -1;
+  return {-1, -1};
 }
 
 void write_fp_layout(hid_t f, hsize_t n_points, hsize_t replicas) {
@@ -360,7 +359,7 @@ void write_fp_layout(hid_t f, hsize_t n_points, hsize_t replicas) {
       case FpKind::float64: fill = &kNaN, fill_type = H5T_NATIVE_DOUBLE; break;
       default: break;
     }
-    Hid dataset = create_growing_dataset(f, column.path, fp_file_type(column.kind, text.get()), dims, growing, chunk,
+    Hid dataset = create_growing_dataset(f, column.path, fp_types(column.kind, text.get()).file, dims, growing, chunk,
                                          fill_type, fill);
     write_attribute(dataset.get(), "meaning", std::string(column.meaning));
   }
@@ -437,7 +436,7 @@ void write_fp_blocks(const std::map<std::string, Hid>& sets, const std::map<std:
     if (column.extra == FpExtra::operands) grow(dataset, count.size() - 1, width);
     std::vector<hsize_t> start(count.size(), 0);
     start[0] = p;
-    write_block(dataset, fp_memory_type(column.kind, text.get()), start, count, blocks.at(column.path).data(column.kind));
+    write_block(dataset, fp_types(column.kind, text.get()).memory, start, count, blocks.at(column.path).data(column.kind));
   }
 }
 

@@ -29,12 +29,17 @@ grid:
 """
 
 
+def run_sweep(folder, name, config, output):
+    """Writes the config as folder/name, runs $SWEEP on it there, returns its output's path."""
+    with open(os.path.join(folder, name), "w") as f:
+        f.write(config)
+    subprocess.run([os.environ["SWEEP"], name, "--quiet"], cwd=folder, check=True, stdout=subprocess.DEVNULL)
+    return os.path.join(folder, output)
+
+
 def main():
     with tempfile.TemporaryDirectory() as folder:
-        with open(os.path.join(folder, "r.yaml"), "w") as f:
-            f.write(CONFIG)
-        subprocess.run([os.environ["SWEEP"], "r.yaml", "--quiet"], cwd=folder, check=True, stdout=subprocess.DEVNULL)
-        path = os.path.join(folder, "out.h5")
+        path = run_sweep(folder, "r.yaml", CONFIG, "out.h5")
 
         result = roundoff_h5.read(path)
         assert result.attrs["status"] == "complete", result.attrs
@@ -99,11 +104,7 @@ def check_plot_reports_nonfinite():
     scripts = os.environ["ROUNDOFF_SCRIPTS"]
     with tempfile.TemporaryDirectory() as folder:
         for experiment, config in OVERFLOWING.items():
-            with open(os.path.join(folder, experiment + ".yaml"), "w") as f:
-                f.write(config)
-            subprocess.run([os.environ["SWEEP"], experiment + ".yaml", "--quiet"], cwd=folder, check=True,
-                           stdout=subprocess.DEVNULL)
-            path = os.path.join(folder, "sum.h5" if experiment == "summation" else "swamp.h5")
+            path = run_sweep(folder, experiment + ".yaml", config, "sum.h5" if experiment == "summation" else "swamp.h5")
             result = roundoff_h5.read(path)
             metric = "rel_error" if experiment == "summation" else "final"
             overflowed = [p for p in range(len(result.done)) if not np.isfinite(result.metrics[metric][p]).all()]
@@ -158,10 +159,7 @@ def columns_of(tidy):
 def check_fp_exception_tables():
     scripts = os.environ["ROUNDOFF_SCRIPTS"]
     with tempfile.TemporaryDirectory() as folder:
-        with open(os.path.join(folder, "fp.yaml"), "w") as f:
-            f.write(FP_CONFIG)
-        subprocess.run([os.environ["SWEEP"], "fp.yaml", "--quiet"], cwd=folder, check=True, stdout=subprocess.DEVNULL)
-        path = os.path.join(folder, "fp.h5")
+        path = run_sweep(folder, "fp.yaml", FP_CONFIG, "fp.h5")
         result = roundoff_h5.read(path)
         # Points: (1e-4, count), (1e-4, trap), (1000, count), (1000, trap), (2000, count), (2000, trap).
         assert result.fp_counts["count"].shape == (6, 2, 1), result.fp_counts["count"].shape
@@ -210,11 +208,9 @@ def check_fp_exception_tables():
         assert bad.returncode == 2 and "usage" in bad.stderr, bad
     # A sweep that counted nothing: empty tables with the documented columns.
     with tempfile.TemporaryDirectory() as folder:
-        with open(os.path.join(folder, "off.yaml"), "w") as f:
-            f.write("experiment: swamping\noutput: off.h5\ngrid:\n  steps: 10\n")
-        subprocess.run([os.environ["SWEEP"], "off.yaml", "--quiet"], cwd=folder, check=True, stdout=subprocess.DEVNULL)
+        path = run_sweep(folder, "off.yaml", "experiment: swamping\noutput: off.h5\ngrid:\n  steps: 10\n", "off.h5")
         for function, first in ((roundoff_h5.counts_table, "scope"), (roundoff_h5.traps_table, "flag")):
-            tidy = columns_of(function(os.path.join(folder, "off.h5")))
+            tidy = columns_of(function(path))
             assert len(tidy["point"]) == 0 and first in tidy, tidy
 
 
