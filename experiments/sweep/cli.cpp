@@ -201,8 +201,9 @@ std::string fp_exceptions_text(const SweepSummary& s) {
   for (emu::Flag flag : emu::kAllFlags) {
     const auto it = s.counted_operations.find(emu::flag_name(flag));
     if (it == s.counted_operations.end()) continue;
-    text += std::string(text.empty() ? "fp_exceptions counted: " : ", ") + it->first + " " + std::to_string(it->second) +
-            " operations in " + std::to_string(s.counted_runs.at(it->first)) + of_runs;
+    text += std::string(text.empty() ? "fp_exceptions counted: " : ", ") + it->first + " in " +
+            std::to_string(it->second) + (it->second == 1 ? " operation" : " operations") + " of " +
+            std::to_string(s.counted_runs.at(it->first)) + of_runs;
   }
   if (!text.empty()) text += " (per scope and op in /fp_counts)\n";
   if (s.trapped_runs > 0)

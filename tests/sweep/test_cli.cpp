@@ -682,7 +682,8 @@ TEST_CASE("fp_exceptions through sweep: a trapped run is recorded and the sweep 
   const auto count = run_program(sweep, {"count.yaml", "--quiet"}, dir.path().string());
   INFO("stdout: " << count.out << "\nstderr: " << count.err);
   REQUIRE(count.status == 0);
-  CHECK(count.out.find("fp_exceptions counted: OFLO 1 operations in 1 of 1 runs") != std::string::npos);
+  CHECK(count.out.find("fp_exceptions counted: OFLO in 1 operation of 1 of 1 runs (per scope and op in /fp_counts)\n") !=
+        std::string::npos);
   CHECK(sweep_test::string_dataset(dir / "count.h5", "fp_counts/scope") == std::vector<std::string>{"sum"});
   CHECK(sweep_test::read_dataset<std::int64_t>(dir / "count.h5", "fp_counts/first_element") == std::vector<std::int64_t>{overflow.step});
   CHECK(sweep_test::read_dataset<double>(dir / "count.h5", "fp_counts/first_operands") == std::vector<double>{overflow.before, 1000});
