@@ -1,8 +1,10 @@
 // Emulated training throughput of the digits MLP (64 -> 32 -> BatchNorm -> ReLU -> 10,
 // batch 32, SGD lr 0.05, loss scale 128; configs/train_digits.yaml) per matrix unit,
 // single thread, as samples/s and as a ratio to the same model written in plain float32
-// C++ and trained on the same data in the same run. Times are thread CPU time, so that
-// other work on a shared machine does not enter the ratios. Never fails on speed.
+// C++ and trained on the same data in the same run; then the cost of fp_exceptions: count
+// (a training step counting over the same step with it off, trained in turn, per unit and
+// loss scaling, up to overflows in every step). Times are thread CPU time, so that other
+// work on a shared machine does not enter the ratios. Never fails on speed.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "emu/amp.hpp"
 #include "emu/unit.hpp"
 #include "experiments/datasets.hpp"
 #include "experiments/mlp.hpp"
@@ -237,6 +240,37 @@ Measured measure_trainer(roundoff::train::Trainer& trainer) {
   return m;
 }
 
+// Trains the spec with fp_exceptions off and count (as a sweep sets them: the real
+// with_fp_exceptions), one step of each in turn, and prints the time ratio.
+void report_counting(const std::shared_ptr<const Split>& data, roundoff::train::TrainSpec spec, const std::string& scale) {
+  const roundoff::Params count_params({{"fp_exceptions", std::string("count")}, {"oflo", true}, {"div0", true},
+                                       {"inv", true}, {"nanoo", false}});
+  roundoff::train::Trainer off(spec, data, kSeed, 0, emu::StreamId{kSeed, 0, 0, 3});
+  spec.fp_control = roundoff::with_fp_exceptions(emu::FpControl{}, count_params);
+  roundoff::train::Trainer count(spec, data, kSeed, 0, emu::StreamId{kSeed, 0, 0, 3});
+  Throughput off_rate, count_rate;
+  bool same_losses = true;
+
+  while (off_rate.steps() < kMaxSteps &&
+         (off_rate.steps() < kMinSteps || off_rate.cpu_seconds() + count_rate.cpu_seconds() < kStepCpuBudget)) {
+    double start = cpu_seconds();
+    const double off_loss = off.step().loss;
+    off_rate.add_step(cpu_seconds() - start);
+    start = cpu_seconds();
+    const double count_loss = count.step().loss;
+    count_rate.add_step(cpu_seconds() - start);
+    same_losses = same_losses && (off_loss == count_loss || (std::isnan(off_loss) && std::isnan(count_loss)));
+  }
+  std::uint64_t counted = 0;
+  for (const emu::OpCount& c : count.fp_counts()) counted += c.count;
+  const double off_ms = 1e3 * kBatch / off_rate.mean(), count_ms = 1e3 * kBatch / count_rate.mean();
+  std::printf("%-13s %-14s %6d %12.2f %12.2f %9.3f %9.3f %8llu %s\n", spec.unit.c_str(), scale.c_str(), off_rate.steps(),
+              off_ms, count_ms, count_ms / off_ms, off_rate.best() / count_rate.best(),
+              static_cast<unsigned long long>(counted / static_cast<std::uint64_t>(count_rate.steps())),
+              same_losses ? "yes" : "NO");
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -286,5 +320,35 @@ int main(int argc, char** argv) {
   }
   std::printf("\nemu/float: emulated samples/s divided by the float32 reference's (same data, same run);\n"
               "(best): the same from each run's fastest %d-step chunk\n", Throughput::kChunkSteps);
+
+  // fp_exceptions: count against off, the same training interleaved step by step.
+  std::printf("\nfp_exceptions count / off: CPU time of a training step counting OFLO, DIV0 and INV per scope and op,\n"
+              "over the same step with fp_exceptions off (goal: at most 1.3), both trained in turn in the same run\n");
+  std::printf("%-13s %-14s %6s %12s %12s %9s %9s %8s %s\n", "unit", "loss scale", "steps", "off step/ms", "count step/ms",
+              "count/off", "(best)", "counted", "same losses");
+  spec.rule = roundoff::train::UpdateRule::fp32_master;
+  for (const char* unit : {"fp32-seq", "ipu-amp", "ipu-amp-half", "a100"})
+    for (const char* scaling : {"128", "dynamic/2", "1e9 skip"}) {
+      spec.unit = unit;
+      const std::string how = scaling;
+      roundoff::train::parse_loss_scale(how == "128" ? "128" : "dynamic", spec);
+      spec.scale = how == "128" ? 128.0 : how == "dynamic/2" ? 65536.0 : 1e9;
+      spec.scale_interval = 2;
+      spec.scale_backoff = how == "1e9 skip" ? 1.0 : 0.5;
+      report_counting(data, spec, how);
+    }
+  std::printf("(best): from the fastest %d-step chunks; counted: operations counted per step (mean). Loss scale\n"
+              "dynamic/2: dynamic from 65536, doubling after 2 clean steps (overflows every few steps); 1e9 skip:\n"
+              "dynamic at 1e9 that never backs off (every step overflows and is skipped: the most counting)\n",
+              Throughput::kChunkSteps);
+  // Counting must leave the AMP's vectorised GEMM on (trapping needs the exact model).
+  for (const char* mode : {"off", "count", "trap"}) {
+    const roundoff::Params p({{"fp_exceptions", std::string(mode)}, {"oflo", true}, {"div0", true}, {"inv", true},
+                              {"nanoo", false}});
+    const emu::Context ctx(roundoff::with_fp_exceptions(emu::FpControl{}, p));
+    std::printf("%sipu-amp vectorised GEMM with fp_exceptions %s: %s", mode == std::string("off") ? "" : ", ", mode,
+                emu::amp_gemm_is_vectorised(ctx, emu::amp_config(emu::PartialsType::float32)) ? "yes" : "no");
+  }
+  std::printf("\n");
   return 0;
 }

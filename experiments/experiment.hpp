@@ -134,7 +134,13 @@ struct Experiment {
   // total of a config against its trace limit before anything runs (configs/README.md),
   // and a run that records more than this is a bug (exit 1).
   std::function<std::int64_t(const Params&)> trace_length = {};
+  // For `sweep --describe`. An experiment that declares fp_exception_params(): what the
+  // scopes and elements of its counts and traps name. One that does not: why not.
+  std::string fp_exceptions_note = {};
 };
+
+// Whether the experiment declares the fp_exceptions parameters (fp_exception_params()).
+bool takes_fp_exceptions(const Experiment& e);
 
 // All registered experiments, in registration order.
 const std::vector<Experiment>& experiments();

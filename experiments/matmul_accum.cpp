@@ -129,7 +129,8 @@ RunResult run(const Params& p, const RunEnv& env) {
   control.rounding = esr ? emu::Rounding::rne : rounding;
   emu::StreamId rounding_stream = env.stream;
   rounding_stream.lane = 2;
-  emu::Context ctx(control, emu::Rng(rounding_stream));
+  emu::Context ctx(with_fp_exceptions(control, p), emu::Rng(rounding_stream));
+  const emu::Scope gemm_scope(ctx, "gemm");
   // In blocks of rows: a cancelled run stops soon, and each gemm call is big enough for
   // the units' packed fast paths (results do not depend on the blocking).
   constexpr std::size_t kRowsPerCall = 32;
@@ -170,6 +171,7 @@ RunResult run(const Params& p, const RunEnv& env) {
   result.metrics["bound_det"] = static_cast<double>(k) * u;
   result.metrics["bound_prob"] = std::sqrt(static_cast<double>(k)) * u;
   result.flags = ctx.status();
+  result.fp_counts = ctx.counts();
   return result;
 }
 
@@ -189,7 +191,8 @@ std::string check_point(const Params& p) {
   return "";
 }
 
-const Registration registration(Experiment{
+Experiment make_matmul_accum() {
+  Experiment e{
     "matmul_accum",
     "accumulation error of C = A B through a matrix unit against the exact product, over K (same A, B for every unit)",
     {
@@ -227,7 +230,16 @@ const Registration registration(Experiment{
     {},
     run,
     check_point,
-});
+  };
+  for (ParamSpec& s : fp_exception_params()) e.params.push_back(std::move(s));
+  e.fp_exceptions_note =
+      "scope: gemm (the unit's operations, with the op names and elements the unit reports). The inputs are "
+      "rounded into in_format outside the context (saturating, no flags). trap turns the IPU units' vectorised "
+      "path off (the exact model instead: the same results, slower)";
+  return e;
+}
+
+const Registration registration(make_matmul_accum());
 
 }  // namespace
 

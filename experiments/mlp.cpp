@@ -59,6 +59,7 @@ void Updater::init(Param& p, const std::vector<double>& initial, emu::Context& c
   if (rule_ == UpdateRule::fp32_master) p.master.resize(n);
   if (rule_ == UpdateRule::fp16_kahan) p.compensation.assign(n, 0.0);
   for (std::size_t i = 0; i < n; ++i) {
+    ctx.set_element(static_cast<std::int64_t>(i));
     if (rule_ == UpdateRule::fp32_master) {
       p.master[i] = ctx.convert(formats_.master, initial[i]);
       p.value[i] = ctx.convert(formats_.storage, p.master[i]);
@@ -66,6 +67,7 @@ void Updater::init(Param& p, const std::vector<double>& initial, emu::Context& c
       p.value[i] = ctx.convert(formats_.storage, initial[i]);
     }
   }
+  ctx.clear_element();
   p.m.assign(opt_.kind == OptimizerKind::sgd ? 0 : n, 0.0);
   p.v.assign(opt_.kind == OptimizerKind::adam ? n : 0, 0.0);
 }
@@ -82,6 +84,8 @@ void Updater::step(Param& p, std::int64_t t, double grad_divisor, double lr, emu
   }
   const bool unscale_same = !formats_.unscale || *formats_.unscale == ar;
   for (std::size_t i = 0; i < p.value.size(); ++i) {
+    ctx.set_element(static_cast<std::int64_t>(i));
+    sr_ctx.set_element(static_cast<std::int64_t>(i));
     const double g = grad_divisor == 1.0 ? ctx.convert(ar, p.grad[i])
                      : unscale_same ? ctx.div(ar, p.grad[i], grad_divisor)
                                     : ctx.convert(ar, ctx.div(*formats_.unscale, p.grad[i], grad_divisor));
@@ -131,6 +135,8 @@ void Updater::step(Param& p, std::int64_t t, double grad_divisor, double lr, emu
       if (after == before && c_after == c_before) ++counts.lost;
     }
   }
+  ctx.clear_element();
+  sr_ctx.clear_element();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -221,6 +227,7 @@ Mlp::Mlp(int inputs, std::vector<int> hidden, int classes, ModelFormats formats,
 // into the unit's input format, the unit's output rounded into `out`.
 void Mlp::gemm(emu::Context& ctx, std::size_t m, std::size_t n, std::size_t k, const std::vector<double>& a,
                const std::vector<double>& b, const emu::Format& out, std::vector<double>& c) const {
+  ctx.clear_element();  // the unit reports its own elements, if any
   const emu::Format& in = unit_.input_format();
   auto as_input = [&](const std::vector<double>& v) {
     std::vector<double> r(v);
@@ -238,25 +245,43 @@ void Mlp::gemm(emu::Context& ctx, std::size_t m, std::size_t n, std::size_t k, c
 
 namespace {
 
+// Sets the element (i, j) of a tensor with `cols` columns, or (j) of a vector.
+void set_element_2d(emu::Context& ctx, std::size_t i, std::size_t j, std::size_t cols) {
+  const auto row = static_cast<std::int64_t>(i), col = static_cast<std::int64_t>(j);
+  ctx.set_element(row * static_cast<std::int64_t>(cols) + col, {row, col});
+}
+void set_element_1d(emu::Context& ctx, std::size_t j) {
+  const auto index = static_cast<std::int64_t>(j);
+  ctx.set_element(index, {index});
+}
+
 // Softmax cross-entropy of one sample in the loss format `lf`: e[j] = exp(logit_j - max)
 // (emu has no exp or log: computed in fp64 and rounded once into lf), their sum, and the
-// loss lse - logit_label with lse = max + log(sum).
+// loss lse - logit_label with lse = max + log(sum). Elements: (sample, class) for the
+// exponentials and their sum, (sample) for the rest.
 struct SoftmaxTerms {
   double loss, sum;
 };
 SoftmaxTerms softmax_terms(emu::Context& ctx, const emu::Format& lf, const double* logits, std::size_t classes,
-                           int label, std::vector<double>& e) {
+                           int label, std::vector<double>& e, std::size_t sample) {
   double max = logits[0];
   for (std::size_t j = 1; j < classes; ++j) max = std::max(max, logits[j]);
   e.resize(classes);
   double sum = 0.0;
   for (std::size_t j = 0; j < classes; ++j) {
+    set_element_2d(ctx, sample, j, classes);
     e[j] = ctx.convert(lf, std::exp(ctx.sub(lf, logits[j], max)));
     sum = ctx.add(lf, sum, e[j]);
   }
+  set_element_1d(ctx, sample);
   const double lse = ctx.add(lf, max, ctx.convert(lf, std::log(sum)));
   return {ctx.sub(lf, lse, logits[label]), sum};
 }
+
+// Scope names of layer l (0-based): its Linear "l<l+1>", the batch norm after it "bn<l+1>"
+// (append: gcc 12 warns falsely (-Wrestrict) on "l" + std::to_string(...)).
+std::string linear_name(int l) { return std::string("l").append(std::to_string(l + 1)); }
+std::string bn_name(int l) { return std::string("bn").append(std::to_string(l + 1)); }
 
 std::vector<double> transpose(const std::vector<double>& a, std::size_t rows, std::size_t cols) {
   std::vector<double> t(a.size());
@@ -268,6 +293,7 @@ std::vector<double> transpose(const std::vector<double>& a, std::size_t rows, st
 }  // namespace
 
 std::vector<double> Mlp::linear(emu::Context& ctx, int l, std::size_t rows, const std::vector<double>& h) const {
+  const emu::Scope scope(ctx, linear_name(l));
   const std::size_t in = widths_[l], out = widths_[l + 1];
   const bool last = l == layers() - 1;
   std::vector<double> z(rows * out, 0.0);
@@ -285,83 +311,114 @@ double Mlp::forward_backward(emu::Context& ctx, const std::vector<double>& x, co
   const ModelFormats& f = formats_;
   const double batch_size = static_cast<double>(batch);
 
-  // Forward.
+  // Forward: scopes forward.l<k> (Linear), forward.bn<k> (batch norm and ReLU).
   std::vector<double> h = x;
-  for (int l = 0; l < n_layers; ++l) {
-    const std::size_t out = widths_[l + 1];
-    layer_input_[l] = h;
-    std::vector<double> z = linear(ctx, l, batch, h);
-    if (l == n_layers - 1) {
-      h = std::move(z);
-      break;
-    }
-    // Batch norm (batch statistics) in bn_fwd, output rounded into act, then ReLU.
-    const emu::Format& bn = f.bn_fwd;
-    std::vector<double>& xhat = xhat_[l];
-    std::vector<double>& inv_std = inv_std_[l];
-    xhat.resize(batch * out);
-    inv_std.resize(out);
-    h.assign(batch * out, 0.0);
-    for (std::size_t j = 0; j < out; ++j) {
-      double sum = 0.0;
-      for (std::size_t i = 0; i < batch; ++i) sum = ctx.add(bn, sum, z[i * out + j]);
-      const double mean = ctx.div(bn, sum, batch_size);
-      double squares = 0.0;
-      for (std::size_t i = 0; i < batch; ++i) {
-        const double c = ctx.sub(bn, z[i * out + j], mean);
-        squares = ctx.fma(bn, c, c, squares);
+  {
+    const emu::Scope forward(ctx, "forward");
+    for (int l = 0; l < n_layers; ++l) {
+      const std::size_t out = widths_[l + 1];
+      layer_input_[l] = h;
+      std::vector<double> z = linear(ctx, l, batch, h);
+      if (l == n_layers - 1) {
+        h = std::move(z);
+        break;
       }
-      const double var = ctx.div(bn, squares, batch_size);
-      inv_std[j] = ctx.div(bn, 1.0, ctx.sqrt(bn, ctx.add(bn, var, eps_)));
-      const double unbiased = batch > 1 ? ctx.div(bn, squares, batch_size - 1.0) : var;
-      running_mean[l][j] = ctx.fma(bn, one_minus_momentum_, running_mean[l][j], ctx.mul(bn, momentum_, mean));
-      running_var[l][j] = ctx.fma(bn, one_minus_momentum_, running_var[l][j], ctx.mul(bn, momentum_, unbiased));
-      for (std::size_t i = 0; i < batch; ++i) {
-        const std::size_t k = i * out + j;
-        xhat[k] = ctx.mul(bn, ctx.sub(bn, z[k], mean), inv_std[j]);
-        const double bn_y = ctx.fma(f.act, gamma[l].value[j], xhat[k], beta[l].value[j]);
-        h[k] = bn_y > 0 ? bn_y : 0.0;  // ReLU (NaN propagates)
-        if (std::isnan(bn_y)) h[k] = bn_y;
+      // Batch norm (batch statistics) in bn_fwd, output rounded into act, then ReLU.
+      // Elements: (sample, channel), or (channel) for the statistics.
+      const emu::Scope scope(ctx, bn_name(l));
+      const emu::Format& bn = f.bn_fwd;
+      std::vector<double>& xhat = xhat_[l];
+      std::vector<double>& inv_std = inv_std_[l];
+      xhat.resize(batch * out);
+      inv_std.resize(out);
+      h.assign(batch * out, 0.0);
+      for (std::size_t j = 0; j < out; ++j) {
+        set_element_1d(ctx, j);
+        double sum = 0.0;
+        for (std::size_t i = 0; i < batch; ++i) sum = ctx.add(bn, sum, z[i * out + j]);
+        const double mean = ctx.div(bn, sum, batch_size);
+        double squares = 0.0;
+        for (std::size_t i = 0; i < batch; ++i) {
+          const double c = ctx.sub(bn, z[i * out + j], mean);
+          squares = ctx.fma(bn, c, c, squares);
+        }
+        const double var = ctx.div(bn, squares, batch_size);
+        inv_std[j] = ctx.div(bn, 1.0, ctx.sqrt(bn, ctx.add(bn, var, eps_)));
+        const double unbiased = batch > 1 ? ctx.div(bn, squares, batch_size - 1.0) : var;
+        running_mean[l][j] = ctx.fma(bn, one_minus_momentum_, running_mean[l][j], ctx.mul(bn, momentum_, mean));
+        running_var[l][j] = ctx.fma(bn, one_minus_momentum_, running_var[l][j], ctx.mul(bn, momentum_, unbiased));
+        for (std::size_t i = 0; i < batch; ++i) {
+          const std::size_t k = i * out + j;
+          set_element_2d(ctx, i, j, out);
+          xhat[k] = ctx.mul(bn, ctx.sub(bn, z[k], mean), inv_std[j]);
+          const double bn_y = ctx.fma(f.act, gamma[l].value[j], xhat[k], beta[l].value[j]);
+          h[k] = bn_y > 0 ? bn_y : 0.0;  // ReLU (NaN propagates)
+          if (std::isnan(bn_y)) h[k] = bn_y;
+        }
       }
+      ctx.clear_element();
+      bn_out_[l] = h;
     }
-    bn_out_[l] = h;
   }
 
-  // Softmax cross-entropy in the loss format; dlogits = (p - onehot) * S / B.
+  // Softmax cross-entropy in the loss format; dlogits = (p - onehot) * S / B (scope loss;
+  // elements (sample, class), or (sample)).
   const std::size_t classes = classes_;
-  const emu::Format& lf = f.loss;
-  const double scale_over_batch = round_constant(lf, loss_scale / batch_size);
   std::vector<double> dz(batch * classes);
-  double loss_sum = 0.0;
-  std::vector<double> e;
-  for (std::size_t i = 0; i < batch; ++i) {
-    const SoftmaxTerms t = softmax_terms(ctx, lf, &h[i * classes], classes, y[i], e);
-    loss_sum = ctx.add(lf, loss_sum, t.loss);
-    for (std::size_t j = 0; j < classes; ++j) {
-      const double p = ctx.div(lf, e[j], t.sum);
-      const double d = ctx.sub(lf, p, static_cast<int>(j) == y[i] ? 1.0 : 0.0);
-      dz[i * classes + j] = ctx.convert(f.grad, ctx.mul(lf, d, scale_over_batch));
+  double loss = 0.0;
+  {
+    const emu::Scope loss_scope(ctx, "loss");
+    const emu::Format& lf = f.loss;
+    const double scale_over_batch = round_constant(lf, loss_scale / batch_size);
+    double loss_sum = 0.0;
+    std::vector<double> e;
+    for (std::size_t i = 0; i < batch; ++i) {
+      const SoftmaxTerms t = softmax_terms(ctx, lf, &h[i * classes], classes, y[i], e, i);
+      loss_sum = ctx.add(lf, loss_sum, t.loss);
+      for (std::size_t j = 0; j < classes; ++j) {
+        set_element_2d(ctx, i, j, classes);
+        const double p = ctx.div(lf, e[j], t.sum);
+        const double d = ctx.sub(lf, p, static_cast<int>(j) == y[i] ? 1.0 : 0.0);
+        dz[i * classes + j] = ctx.convert(f.grad, ctx.mul(lf, d, scale_over_batch));
+      }
     }
+    ctx.clear_element();
+    loss = ctx.div(lf, loss_sum, batch_size);
   }
-  const double loss = ctx.div(lf, loss_sum, batch_size);
 
-  // Backward: dz is the gradient at the output of layer l's Linear.
+  // Backward: dz is the gradient at the output of layer l's Linear. Scopes
+  // backward.l<k>.bias (the last layer's bias gradient; element (class)), backward.l<k>.dw
+  // (weight gradient), backward.l<k>.dx (gradient at its input), backward.bn<k>
+  // (through ReLU and batch norm; elements (sample, channel), or (channel)).
+  const emu::Scope backward(ctx, "backward");
   for (int l = n_layers - 1; l >= 0; --l) {
     const std::size_t in = widths_[l], out = widths_[l + 1];
-    if (l == n_layers - 1)
-      for (std::size_t j = 0; j < out; ++j) {
-        double s = 0.0;
-        for (std::size_t i = 0; i < batch; ++i) s = ctx.add(f.grad, s, dz[i * out + j]);
-        bias.grad[j] = s;
-      }
-    std::vector<double> dw(in * out, 0.0);
-    gemm(ctx, in, out, batch, transpose(layer_input_[l], batch, in), dz, f.grad, dw);
-    weights[l].grad = std::move(dw);
-    if (l == 0) break;
-    // Gradient at the previous block's output, through ReLU and batch norm.
     std::vector<double> dh(batch * in, 0.0);
-    gemm(ctx, batch, in, out, dz, transpose(weights[l].value, in, out), f.grad, dh);
+    {
+      const emu::Scope layer(ctx, linear_name(l));
+      if (l == n_layers - 1) {
+        const emu::Scope scope(ctx, "bias");
+        for (std::size_t j = 0; j < out; ++j) {
+          set_element_1d(ctx, j);
+          double s = 0.0;
+          for (std::size_t i = 0; i < batch; ++i) s = ctx.add(f.grad, s, dz[i * out + j]);
+          bias.grad[j] = s;
+        }
+        ctx.clear_element();
+      }
+      std::vector<double> dw(in * out, 0.0);
+      {
+        const emu::Scope scope(ctx, "dw");
+        gemm(ctx, in, out, batch, transpose(layer_input_[l], batch, in), dz, f.grad, dw);
+      }
+      weights[l].grad = std::move(dw);
+      if (l == 0) break;
+      const emu::Scope scope(ctx, "dx");
+      gemm(ctx, batch, in, out, dz, transpose(weights[l].value, in, out), f.grad, dh);
+    }
+    // Gradient at the previous block's output, through ReLU and batch norm.
     const int b = l - 1;
+    const emu::Scope scope(ctx, bn_name(b));
     const emu::Format& bn = f.bn_bwd;
     const std::vector<double>& xhat = xhat_[b];
     std::vector<double> dz_prev(batch * in);
@@ -370,6 +427,7 @@ double Mlp::forward_backward(emu::Context& ctx, const std::vector<double>& x, co
       double dgamma = 0.0, dbeta = 0.0, sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
       for (std::size_t i = 0; i < batch; ++i) {
         const std::size_t k = i * in + j;
+        set_element_2d(ctx, i, j, in);
         const double dy = bn_out_[b][k] > 0 ? dh[k] : 0.0;
         dgamma = ctx.fma(bn, dy, xhat[k], dgamma);
         dbeta = ctx.add(bn, dbeta, dy);
@@ -379,21 +437,24 @@ double Mlp::forward_backward(emu::Context& ctx, const std::vector<double>& x, co
       }
       gamma[b].grad[j] = dgamma;
       beta[b].grad[j] = dbeta;
+      set_element_1d(ctx, j);
       const double mean_dxhat = ctx.div(bn, sum_dxhat, batch_size);
       const double mean_dxhat_xhat = ctx.div(bn, sum_dxhat_xhat, batch_size);
       // dz = inv_std * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
       for (std::size_t i = 0; i < batch; ++i) {
         const std::size_t k = i * in + j;
+        set_element_2d(ctx, i, j, in);
         const double centred = ctx.sub(bn, ctx.sub(bn, dxhat[i], mean_dxhat), ctx.mul(bn, xhat[k], mean_dxhat_xhat));
         dz_prev[k] = ctx.mul(f.grad, inv_std_[b][j], centred);
       }
     }
+    ctx.clear_element();
     dz = std::move(dz_prev);
   }
   return loss;
 }
 
-std::vector<double> Mlp::logits(emu::Context& ctx, const std::vector<double>& x) const {
+std::vector<double> Mlp::logits(emu::Context& ctx, const std::vector<double>& x, std::size_t first_row) const {
   const std::size_t rows = x.size() / static_cast<std::size_t>(inputs_);
   const int n_layers = layers();
   const ModelFormats& f = formats_;
@@ -403,17 +464,21 @@ std::vector<double> Mlp::logits(emu::Context& ctx, const std::vector<double>& x)
     std::vector<double> z = linear(ctx, l, rows, h);
     if (l == n_layers - 1) return z;
     // Batch norm with the running statistics in bn_fwd, output rounded into act, ReLU.
+    const emu::Scope scope(ctx, bn_name(l));
     const emu::Format& bn = f.bn_fwd;
     h.assign(rows * out, 0.0);
     for (std::size_t j = 0; j < out; ++j) {
+      set_element_1d(ctx, j);
       const double inv_std = ctx.div(bn, 1.0, ctx.sqrt(bn, ctx.add(bn, running_var[l][j], eps_)));
       for (std::size_t i = 0; i < rows; ++i) {
         const std::size_t k = i * out + j;
+        set_element_2d(ctx, first_row + i, j, out);
         const double xhat = ctx.mul(bn, ctx.sub(bn, z[k], running_mean[l][j]), inv_std);
         const double bn_y = ctx.fma(f.act, gamma[l].value[j], xhat, beta[l].value[j]);
         h[k] = bn_y > 0 || std::isnan(bn_y) ? bn_y : 0.0;  // ReLU (NaN propagates)
       }
     }
+    ctx.clear_element();
   }
   return h;  // not reached: the last layer returns
 }
@@ -427,17 +492,26 @@ Evaluation Mlp::evaluate(emu::Context& ctx, const data::Dataset& d) const {
   for (std::size_t first = 0; first < n; first += kChunk) {
     const std::size_t rows = std::min(kChunk, n - first);
     std::vector<double> x(rows * features);
-    for (std::size_t k = 0; k < x.size(); ++k) x[k] = ctx.convert(formats_.act, d.x[first * features + k]);
-    const std::vector<double> z = logits(ctx, x);
+    {
+      const emu::Scope scope(ctx, "input");
+      for (std::size_t k = 0; k < x.size(); ++k) {
+        set_element_2d(ctx, first + k / features, k % features, features);
+        x[k] = ctx.convert(formats_.act, d.x[first * features + k]);
+      }
+      ctx.clear_element();
+    }
+    const std::vector<double> z = logits(ctx, x, first);
+    const emu::Scope scope(ctx, "loss");
     for (std::size_t i = 0; i < rows; ++i) {
       const double* row = &z[i * classes];
       const int label = d.y[first + i];
-      loss_sum += softmax_terms(ctx, formats_.loss, row, classes, label, e).loss;
+      loss_sum += softmax_terms(ctx, formats_.loss, row, classes, label, e, first + i).loss;
       bool all_finite = true;
       for (std::size_t j = 0; j < classes; ++j) all_finite = all_finite && std::isfinite(row[j]);
       const auto best = std::max_element(row, row + classes) - row;
       if (all_finite && best == label) ++correct;
     }
+    ctx.clear_element();
   }
   return Evaluation{loss_sum / static_cast<double>(n), static_cast<double>(correct) / static_cast<double>(n)};
 }
@@ -517,6 +591,12 @@ emu::Format format_or(const std::string& name, const emu::Format& fallback) {
   return name == "auto" ? fallback : emu::format_by_name(name);
 }
 
+// The run's exception settings with a given rounding.
+emu::FpControl control_with(emu::FpControl control, emu::Rounding rounding) {
+  control.rounding = rounding;
+  return control;
+}
+
 }  // namespace
 
 Trainer::Trainer(const TrainSpec& spec, std::shared_ptr<const data::Split> data, std::uint64_t seed,
@@ -524,8 +604,8 @@ Trainer::Trainer(const TrainSpec& spec, std::shared_ptr<const data::Split> data,
     : spec_(spec),
       data_(std::move(data)),
       formats_{emu::fp32(), emu::fp32(), emu::fp32(), emu::fp32(), emu::fp32()},
-      ctx_(emu::FpControl{}),
-      sr_ctx_(emu::FpControl{.rounding = emu::Rounding::sr}, emu::Rng(rounding_stream)),
+      ctx_(control_with(spec.fp_control, emu::Rounding::rne)),
+      sr_ctx_(control_with(spec.fp_control, emu::Rounding::sr), emu::Rng(rounding_stream)),
       order_rng_(emu::StreamId{seed, 0, replica, 2}) {
   const bool baseline = spec.rule == UpdateRule::fp32;
   ParamFormats weight_formats{emu::fp32(), emu::fp32(), emu::fp32(), emu::fp32()};
@@ -558,6 +638,7 @@ Trainer::Trainer(const TrainSpec& spec, std::shared_ptr<const data::Split> data,
 
   const data::Dataset& train = data_->train;
   model_ = std::make_unique<Mlp>(train.features, spec.hidden, train.classes, formats_, *unit_);
+  const emu::Scope init(ctx_, "init");
   // He initialisation N(0, 2 / fan_in); gamma 1, beta and bias 0.
   emu::Rng init_rng(emu::StreamId{seed, 0, replica, 1});
   std::vector<int> widths{train.features};
@@ -569,14 +650,14 @@ Trainer::Trainer(const TrainSpec& spec, std::shared_ptr<const data::Split> data,
     const double sd = std::sqrt(2.0 / widths[l]);
     for (double& v : w) v = sd * init_rng.normal();
     weight_updater_->init(m.weights[l], w, ctx_);
-    layer_names_.push_back(std::string("l").append(std::to_string(l + 1)));
+    layer_names_.push_back(linear_name(l));
     layer_params_.push_back(&m.weights[l]);
   }
   weight_updater_->init(m.bias, std::vector<double>(train.classes, 0.0), ctx_);
   for (std::size_t b = 0; b < m.gamma.size(); ++b) {
     bn_updater_->init(m.gamma[b], std::vector<double>(spec.hidden[b], 1.0), ctx_);
     bn_updater_->init(m.beta[b], std::vector<double>(spec.hidden[b], 0.0), ctx_);
-    layer_names_.push_back(std::string("bn").append(std::to_string(b + 1)));
+    layer_names_.push_back(bn_name(static_cast<int>(b)));
     layer_params_.push_back(&m.gamma[b]);
   }
   for (const Param* p : all_params())
@@ -585,7 +666,11 @@ Trainer::Trainer(const TrainSpec& spec, std::shared_ptr<const data::Split> data,
   window_stats.resize(layer_names_.size());
 
   train_x_.resize(train.x.size());
-  for (std::size_t i = 0; i < train.x.size(); ++i) train_x_[i] = ctx_.convert(formats_.act, train.x[i]);
+  for (std::size_t i = 0; i < train.x.size(); ++i) {
+    set_element_2d(ctx_, i / train.features, i % train.features, train.features);
+    train_x_[i] = ctx_.convert(formats_.act, train.x[i]);
+  }
+  ctx_.clear_element();
   steps_per_epoch_ = static_cast<std::int64_t>(train.size()) / spec.batch;
   if (steps_per_epoch_ < 1) throw std::invalid_argument("batch is larger than the training split");
   order_.resize(train.size());
@@ -630,7 +715,9 @@ StepResult Trainer::step() {
     }
 
   ++applied_;
-  auto apply = [&](const Updater& u, Param& p, bool track_lr) {
+  const emu::Scope update(ctx_, "update"), sr_update(sr_ctx_, "update");
+  auto apply = [&](const Updater& u, Param& p, const std::string& name, bool track_lr) {
+    const emu::Scope scope(ctx_, name), sr_scope(sr_ctx_, name);
     const emu::Format& ar = u.formats().arith;
     double lr, divisor = 1.0;
     if (spec_.unscale_lr) {
@@ -649,10 +736,12 @@ StepResult Trainer::step() {
     }
     u.step(p, applied_, divisor, lr, ctx_, sr_ctx_, counts_);
   };
-  apply(*weight_updater_, m.bias, false);
-  for (Param& p : m.weights) apply(*weight_updater_, p, &p == &m.weights[0]);
-  for (Param& p : m.gamma) apply(*bn_updater_, p, false);
-  for (Param& p : m.beta) apply(*bn_updater_, p, false);
+  apply(*weight_updater_, m.bias, linear_name(m.layers() - 1) + ".bias", false);
+  for (int l = 0; l < m.layers(); ++l) apply(*weight_updater_, m.weights[l], linear_name(l), l == 0);
+  for (std::size_t b = 0; b < m.gamma.size(); ++b)
+    apply(*bn_updater_, m.gamma[b], bn_name(static_cast<int>(b)) + ".gamma", false);
+  for (std::size_t b = 0; b < m.beta.size(); ++b)
+    apply(*bn_updater_, m.beta[b], bn_name(static_cast<int>(b)) + ".beta", false);
 
   if (spec_.loss_scale == LossScaleKind::dynamic && ++clean_run_ >= spec_.scale_interval) {
     scale_ *= spec_.scale_growth;
@@ -683,14 +772,22 @@ double Trainer::frac_values_changed() const {
   return values ? static_cast<double>(changed) / static_cast<double>(values) : 0.0;
 }
 
-Evaluation Trainer::evaluate_train() const {
-  emu::Context ctx;
-  return model_->evaluate(ctx, data_->train);
+Evaluation Trainer::evaluate(const data::Dataset& d, const char* scope) {
+  emu::Context ctx(control_with(spec_.fp_control, emu::Rounding::rne));
+  const emu::Scope evaluate(ctx, "evaluate"), split(ctx, scope);
+  const Evaluation e = model_->evaluate(ctx, d);
+  merge_counts(evaluation_counts_, ctx.counts());
+  return e;
 }
 
-Evaluation Trainer::evaluate_test() const {
-  emu::Context ctx;
-  return model_->evaluate(ctx, data_->test);
+Evaluation Trainer::evaluate_train() { return evaluate(data_->train, "train"); }
+Evaluation Trainer::evaluate_test() { return evaluate(data_->test, "test"); }
+
+std::vector<emu::OpCount> Trainer::fp_counts() const {
+  std::vector<emu::OpCount> counts = ctx_.counts();
+  merge_counts(counts, sr_ctx_.counts());
+  merge_counts(counts, evaluation_counts_);
+  return counts;
 }
 
 }  // namespace roundoff::train

@@ -137,14 +137,17 @@ class Mlp {
 
   // Forward and backward on a batch (x: rows of `inputs` values of the act format).
   // Leaves the gradients of the mean batch loss times `loss_scale` in each Param.grad
-  // and returns the mean batch loss as computed in the loss format.
+  // and returns the mean batch loss as computed in the loss format. Scopes (relative to
+  // the context's): forward.l<k>, forward.bn<k>, loss, backward.l<k>.bias|dw|dx,
+  // backward.bn<k>; elements are (sample, channel or class) or (channel) indices.
   double forward_backward(emu::Context& ctx, const std::vector<double>& x, const std::vector<int>& y,
                           double loss_scale);
   // Inference: the logits (rows x classes, values of the act format) of x (rows of
   // `inputs` values of the act format) in the model's own arithmetic: every matmul
   // through the unit, batch norm in inference mode in bn_fwd, y = fma(gamma, (z - mean)
   // * (1 / sqrt(var + eps)), beta) rounded into act, with the running mean and variance.
-  std::vector<double> logits(emu::Context& ctx, const std::vector<double>& x) const;
+  // The rows are numbered from first_row in the elements the context reports.
+  std::vector<double> logits(emu::Context& ctx, const std::vector<double>& x, std::size_t first_row = 0) const;
   // Inference on a whole set in the model's arithmetic: inputs rounded into the act
   // format, logits(), then per sample the cross-entropy as training computes it (loss
   // format; exp and log in fp64 rounded once) averaged in fp64, and accuracy = share of
@@ -202,6 +205,10 @@ struct TrainSpec {
   // "compute" = the format the gradient was computed in (grad_format; fp32 for batch-norm
   // parameters under bn_fp32).
   std::string unscale_format = "auto";
+  // What every context of the run (training and evaluation) does with floating-point
+  // exceptions: traps, counted and overflow (with_fp_exceptions); its rounding is
+  // ignored (round to nearest, stochastic where the update rule says so).
+  emu::FpControl fp_control{};
 };
 inline constexpr const char* kUnscaleFormatNames[] = {"auto", "fp32", "compute"};
 
@@ -226,7 +233,10 @@ struct StepResult {
 // permutation of the training split per epoch; the last incomplete batch is dropped.
 // Random streams: initial weights (seed, 0, replica, 1) and batch order (seed, 0,
 // replica, 2) do not depend on the grid point, so points differ only in arithmetic;
-// stochastic rounding uses `rounding_stream`.
+// stochastic rounding uses `rounding_stream`. Scopes of the counts and traps: init,
+// forward.*, loss, backward.* (Mlp::forward_backward), update.<tensor> (l<k>,
+// l<L>.bias, bn<k>.gamma, bn<k>.beta; element = the value's flat index), and
+// evaluate.train.* / evaluate.test.* (input, l<k>, bn<k>, loss).
 class Trainer {
  public:
   Trainer(const TrainSpec& spec, std::shared_ptr<const data::Split> data, std::uint64_t seed,
@@ -251,14 +261,17 @@ class Trainer {
   double effective_lr_error_max() const { return effective_lr_error_max_; }
   // Sticky FP status of the training steps (evaluation has its own context).
   emu::Flags flags() const { return ctx_.status() | sr_ctx_.status(); }
+  // The counted flags of training and of the evaluations so far (TrainSpec::fp_control).
+  std::vector<emu::OpCount> fp_counts() const;
   // Gradient statistics per layer over all applied steps, and over a window the caller
   // resets (e.g. at the start of the last epoch).
   std::vector<GradStats> run_stats, window_stats;
   void reset_window() { window_stats.assign(window_stats.size(), GradStats{}); }
 
   // The model as it would be deployed: inference in its own arithmetic (Mlp::evaluate).
-  Evaluation evaluate_train() const;
-  Evaluation evaluate_test() const;
+  // Their contexts' counts join fp_counts().
+  Evaluation evaluate_train();
+  Evaluation evaluate_test();
   Evaluation evaluate_train_fp64() const { return model_->evaluate_fp64(data_->train); }
   Evaluation evaluate_test_fp64() const { return model_->evaluate_fp64(data_->test); }
   // Fraction of the trainable values (Linear weights, bias, batch-norm gamma and beta)
@@ -282,7 +295,9 @@ class Trainer {
   std::vector<std::string> layer_names_;
   std::vector<const Param*> layer_params_;
   std::vector<std::vector<double>> initial_state_;  // per trainable tensor, see frac_values_changed
+  std::vector<emu::OpCount> evaluation_counts_;
   std::vector<const Param*> all_params() const;
+  Evaluation evaluate(const data::Dataset& d, const char* scope);
 };
 
 // The fraction of non-zero finite values that a cast into `f` after scaling by `scale`

@@ -351,6 +351,10 @@ Experiment norm_stats_experiment() {
     if (!std::isfinite(p.real("spread"))) return "spread must be finite";
     return "";
   };
+  e.fp_exceptions_note =
+      "scopes: input (the inputs' rounding), naive.sum, naive.sum_sq, naive.mean, naive.var, two_pass.sum, "
+      "two_pass.mean, two_pass.sum_sq_dev, two_pass.var, welford.update, welford.var; element = [vector, i] in "
+      "the loops, [vector] for the final operations";
   return e;
 }
 

@@ -308,6 +308,11 @@ const Registration registration(Experiment{
     {},
     run,
     check_point,
+    {},
+    "scopes: encoder.block<b>.attn.<op> and encoder.block<b>.ffn.<op> (the op list of configs/README.md: "
+    "attn.norm ... ffn.residual_add), encoder.final_norm; element = [row, column] of the op's output, "
+    "[head, query, key] for per-head tensors, [row] for a norm's per-row statistics; the fp32 reference run is "
+    "not counted. nanoo: false saturates to +-max (the IPU with NANOO off)",
 });
 
 }  // namespace

@@ -116,6 +116,10 @@ void merge_counts(std::vector<emu::OpCount>& into, const std::vector<emu::OpCoun
   }
 }
 
+bool takes_fp_exceptions(const Experiment& e) {
+  return std::any_of(e.params.begin(), e.params.end(), [](const ParamSpec& p) { return p.name == "fp_exceptions"; });
+}
+
 std::vector<ParamSpec> fp_exception_params() {
   return {
       string_param("fp_exceptions", "off",

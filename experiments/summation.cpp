@@ -25,11 +25,13 @@ constexpr std::int64_t kPollMask = 4095;  // poll cancellation every 4096 terms
 // (RunEnv::stream as given), so the terms do not depend on the rounding mode.
 constexpr std::uint16_t kDataLane = 1;
 
-// Fills `terms` with exact_term(k), k = 1..n, each rounded once (rne) into the format.
+// Fills `terms` with exact_term(k), k = 1..n, each rounded once (rne) into the format
+// (element k).
 template <typename ExactTerm>
 void fill_terms(std::vector<double>& terms, const emu::Format& format, emu::Context& ctx, ExactTerm exact_term) {
   for (std::size_t k = 1; k <= terms.size(); ++k) {
     const emu::Exact exact = exact_term(k);
+    ctx.set_element(static_cast<std::int64_t>(k));
     terms[k - 1] = ctx.round_with(emu::Rounding::rne, format, exact, "convert", {exact.hi});
   }
 }
@@ -50,6 +52,7 @@ std::vector<double> make_terms(const Params& p, const emu::Format& format, emu::
     fill_terms(terms, format, ctx, [&data](std::size_t) { return emu::Exact{data.normal()}; });
   else
     fill_terms(terms, format, ctx, [value = p.real("value")](std::size_t) { return emu::Exact{value}; });
+  ctx.clear_element();
   return terms;
 }
 
@@ -68,21 +71,26 @@ RunResult run_summation(const Params& p, const RunEnv& env) {
   emu::FpControl control;
   control.rounding = emu::rounding_by_name(p.string("rounding"));
   control.sr_bits = static_cast<int>(p.integer("sr_bits"));
-  emu::Context ctx(control, emu::Rng(env.stream));
+  emu::Context ctx(with_fp_exceptions(control, p), emu::Rng(env.stream));
 
-  const std::vector<double> terms = make_terms(p, format, ctx, env);
+  const std::vector<double> terms = [&] {
+    const emu::Scope scope(ctx, "terms");
+    return make_terms(p, format, ctx, env);
+  }();
   const auto n = static_cast<std::int64_t>(terms.size());
   const std::string& algorithm = p.string("algorithm");
 
   // The running sum s_k after term k (recursive and kahan); pairwise has none.
   RunningValue partial(0.0, n, algorithm == "pairwise" ? 0 : p.integer("trace_every"));
   double sum = 0.0;
+  const emu::Scope sum_scope(ctx, algorithm);
   if (algorithm == "pairwise") {
     sum = pairwise_sum(ctx, format, terms, env);
   } else if (algorithm == "kahan") {
     // Kahan: c carries what the last addition lost; every operation is in the format.
     double compensation = 0.0;
     for (std::int64_t k = 1; k <= n; ++k) {
+      ctx.set_element(k);
       const double corrected = ctx.sub(format, terms[k - 1], compensation);
       const double next = ctx.add(format, sum, corrected);
       compensation = ctx.sub(format, ctx.sub(format, next, sum), corrected);
@@ -92,11 +100,13 @@ RunResult run_summation(const Params& p, const RunEnv& env) {
     }
   } else {
     for (std::int64_t k = 1; k <= n; ++k) {
+      ctx.set_element(k);
       sum = ctx.add(format, sum, terms[k - 1]);
       partial.update(k, sum);
       if ((k & kPollMask) == 0 && env.cancelled()) throw Cancelled();
     }
   }
+  ctx.clear_element();
 
   // The exact sum of the rounded terms (a long fixed-point accumulator: no rounding at
   // all), reported as its nearest double; the error is formed exactly, then rounded once.
@@ -119,6 +129,7 @@ RunResult run_summation(const Params& p, const RunEnv& env) {
   };
   if (partial.has_trace()) r.traces["sum"] = partial.trace();
   r.flags = ctx.status();
+  r.fp_counts = ctx.counts();
   return r;
 }
 
@@ -150,6 +161,7 @@ Experiment summation_experiment() {
                 "pairwise has no running sum and records none",
                 0),
   };
+  for (ParamSpec& s : fp_exception_params()) e.params.push_back(std::move(s));
   e.metrics = {
       {"final", "the computed sum"},
       {"exact", "the exact sum of the rounded terms (nearest double)"},
@@ -172,6 +184,10 @@ Experiment summation_experiment() {
     if (p.string("algorithm") == "pairwise") return 0;
     return RunningValue::trace_length(p.integer("n"), p.integer("trace_every"));
   };
+  e.fp_exceptions_note =
+      "scopes: terms (each term rounded into the format; element = k, the term's index 1..n), then the "
+      "algorithm's name: recursive or kahan (element = k, the term being added, as the trace's x axis) or "
+      "pairwise (no element)";
   return e;
 }
 

@@ -28,6 +28,7 @@ RunResult run_swamping(const Params& p, const RunEnv& env) {
   control.rounding = emu::rounding_by_name(p.string("rounding"));
   control.overflow = emu::overflow_by_name(p.string("overflow"));
   control.sr_bits = static_cast<int>(p.integer("sr_bits"));
+  control = with_fp_exceptions(control, p);  // nanoo: true goes with overflow: nan only (check_point)
   // rng: ipu seeds xoroshiro128aox through $PRNG_SEED = emu::ipu_prng_seed(env.stream)
   // (emu/rng.hpp), a per-run 32-bit value, as the hardware would be seeded.
   emu::Context ctx(control, emu::Rng(env.stream, emu::rng_kind_by_name(p.string("rng"))));
@@ -36,15 +37,24 @@ RunResult run_swamping(const Params& p, const RunEnv& env) {
   // numpy.float16(0.0001) and the tutorial's casts do; their flags count (the status
   // describes everything done in the format).
   auto to_format = [&](double v) { return ctx.round_with(emu::Rounding::rne, format, emu::Exact{v}, "convert", {v}); };
-  const double addend = to_format(p.real("addend"));
-  const double initial = to_format(p.real("initial"));
+  double addend = 0, initial = 0;
+  {
+    const emu::Scope inputs(ctx, "inputs");
+    addend = to_format(p.real("addend"));
+    initial = to_format(p.real("initial"));
+  }
 
   RunningValue x_history(initial, steps, p.integer("trace_every"));
   double x = initial;
-  for (std::int64_t k = 1; k <= steps; ++k) {
-    x = ctx.add(format, x, addend);
-    x_history.update(k, x);
-    if ((k & kPollMask) == 0 && env.cancelled()) throw Cancelled();
+  {
+    const emu::Scope sum(ctx, "sum");
+    for (std::int64_t k = 1; k <= steps; ++k) {
+      ctx.set_element(k);  // the step, as the trace's x axis counts it
+      x = ctx.add(format, x, addend);
+      x_history.update(k, x);
+      if ((k & kPollMask) == 0 && env.cancelled()) throw Cancelled();
+    }
+    ctx.clear_element();
   }
 
   // steps * addend + initial, exactly: the long accumulator holds the product of two
@@ -69,6 +79,7 @@ RunResult run_swamping(const Params& p, const RunEnv& env) {
   };
   if (x_history.has_trace()) r.traces["x"] = x_history.trace();
   r.flags = ctx.status();
+  r.fp_counts = ctx.counts();
   return r;
 }
 
@@ -96,6 +107,7 @@ Experiment swamping_experiment() {
                    {"philox", "ipu"}),
       int_param("trace_every", 0, "record x every this many steps (and at steps 0 and the last); 0 = no trace", 0),
   };
+  for (ParamSpec& s : fp_exception_params()) e.params.push_back(std::move(s));
   e.metrics = {
       {"final", "x after the last step"},
       {"exact", "steps * addend + initial computed exactly (addend and initial as rounded into the format)"},
@@ -109,11 +121,20 @@ Experiment swamping_experiment() {
   e.run = run_swamping;
   e.check_point = [](const Params& p) -> std::string {
     if (p.integer("trace_every") > p.integer("steps")) return "trace_every must not exceed steps";
+    // nanoo: true is the IPU's name for overflow: nan; with another overflow policy the
+    // point would say two things at once.
+    if (p.boolean("nanoo") && p.string("overflow") != "nan")
+      return "nanoo: true (NaN on overflow) contradicts overflow: " + p.string("overflow") +
+             "; nanoo: true goes with overflow: nan (the same policy), or leave nanoo false";
     return "";
   };
   e.trace_length = [](const Params& p) -> std::int64_t {
     return RunningValue::trace_length(p.integer("steps"), p.integer("trace_every"));
   };
+  e.fp_exceptions_note =
+      "scopes: inputs (addend and initial rounded into the format; no element), sum (the additions; element = "
+      "the step k, as the trace's x axis counts it). nanoo: true goes with overflow: nan only (the same policy; "
+      "with inf or saturate the point is refused)";
   return e;
 }
 

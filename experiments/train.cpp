@@ -194,6 +194,7 @@ RunResult run_train(const Params& p, const RunEnv& env) {
   spec.scale_backoff = p.real("ls_backoff");
   spec.unscale_lr = p.string("unscale") == "lr";
   spec.unscale_format = p.string("unscale_format");
+  spec.fp_control = with_fp_exceptions(emu::FpControl{}, p);
   const std::int64_t hist_every = p.integer("hist_every");
 
   Trainer trainer(spec, prepare_data(p, env.stream.seed), env.stream.seed, env.stream.replica,
@@ -262,6 +263,7 @@ RunResult run_train(const Params& p, const RunEnv& env) {
     m["grad_std_" + trainer.layer_names()[l]] = trainer.window_stats[l].std_dev();
   }
   result.flags = trainer.flags();
+  result.fp_counts = trainer.fp_counts();
   return result;
 }
 
@@ -312,6 +314,7 @@ Experiment make_train() {
       int_param("hist_every", 0, "record gradient histograms every k steps (0 = never)", 0, 1e9),
   };
   e.params.insert(e.params.end(), more.begin(), more.end());
+  for (ParamSpec& s : fp_exception_params()) e.params.push_back(std::move(s));
   const std::string in_model =
       " of the final model in its own arithmetic (matmuls through the unit in act_format, batch norm in inference "
       "mode with its running statistics in the batch-norm format, logits in act_format, cross-entropy in "
@@ -375,6 +378,15 @@ Experiment make_train() {
     const std::int64_t histograms = every == 0 ? 0 : (steps + every - 1) / every;
     return 2 * steps + (2 * p.integer("layers") - 1) * kHistBins * histograms;
   };
+  e.fp_exceptions_note =
+      "scopes: init (initial weights and the training inputs rounded into their formats), forward.l<k> (Linear k "
+      "through the unit), forward.bn<k> (batch norm and ReLU), loss (softmax cross-entropy and its gradient), "
+      "backward.l<k>.bias|dw|dx, backward.bn<k>, update.<tensor> (tensor = l<k>, l<L>.bias, bn<k>.gamma, "
+      "bn<k>.beta: unscaling, optimiser and the update rule), evaluate.train.* and evaluate.test.* (the final "
+      "evaluation in the model's arithmetic: input, l<k>, bn<k>, loss). Elements: (sample, channel or class), "
+      "(channel), or a tensor's flat index in update.*; the unit's own operations (fma, amp, mma, ...) carry the "
+      "elements the unit reports. Counts add up over all steps and keep the first element. The baseline "
+      "(update: fp32) counts and traps in fp32 like any other";
   return e;
 }
 

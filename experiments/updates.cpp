@@ -24,16 +24,20 @@ RunResult run_updates(const Params& p, const RunEnv& env) {
   const std::int64_t steps = p.integer("steps"), trace_every = p.integer("trace_every");
   const double lr = p.real("lr"), mu = p.real("mu"), sigma = p.real("sigma"), w0 = p.real("w0");
 
-  emu::Context ctx;
-  emu::Context sr_ctx(emu::FpControl{.rounding = emu::Rounding::sr},
+  emu::Context ctx(with_fp_exceptions(emu::FpControl{}, p));
+  emu::Context sr_ctx(with_fp_exceptions(emu::FpControl{.rounding = emu::Rounding::sr}, p),
                       emu::Rng(emu::StreamId{env.stream.seed, env.stream.point, env.stream.replica, 3}));
   // Gradients depend on (seed, replica) only, so every strategy sees the same stream.
   emu::Rng grad_rng(emu::StreamId{env.stream.seed, 0, env.stream.replica, 1});
   Param w;
-  updater.init(w, std::vector<double>(n, w0), ctx);
+  double lr_rounded = 0;
+  {
+    const emu::Scope init(ctx, "init");
+    updater.init(w, std::vector<double>(n, w0), ctx);
+    lr_rounded = ctx.convert(arith, lr);
+  }
   const std::vector<double> start = rule == UpdateRule::fp32_master ? w.master : w.value;
   std::vector<double> reference(start);  // fp64 trajectory from the same start
-  const double lr_rounded = ctx.convert(arith, lr);
   UpdateCounts counts;
   RunResult result;
   Trace error_trace;
@@ -45,11 +49,19 @@ RunResult run_updates(const Params& p, const RunEnv& env) {
   };
   for (std::int64_t t = 1; t <= steps; ++t) {
     if (env.cancelled()) throw Cancelled();
-    for (std::size_t i = 0; i < n; ++i) {
-      w.grad[i] = ctx.convert(grad_format, mu + sigma * grad_rng.normal());
-      reference[i] -= lr * w.grad[i];
+    {
+      const emu::Scope grad(ctx, "grad");
+      for (std::size_t i = 0; i < n; ++i) {
+        ctx.set_element(static_cast<std::int64_t>(i));
+        w.grad[i] = ctx.convert(grad_format, mu + sigma * grad_rng.normal());
+        reference[i] -= lr * w.grad[i];
+      }
+      ctx.clear_element();
     }
-    updater.step(w, t, 1.0, lr_rounded, ctx, sr_ctx, counts);
+    {
+      const emu::Scope update(ctx, "update"), sr_update(sr_ctx, "update");
+      updater.step(w, t, 1.0, lr_rounded, ctx, sr_ctx, counts);
+    }
     if (trace_every > 0 && t % trace_every == 0) {
       error_trace.x.push_back(static_cast<double>(t));
       error_trace.y.push_back(mean_abs_error());
@@ -71,6 +83,8 @@ RunResult run_updates(const Params& p, const RunEnv& env) {
   m["mean_abs_error"] = mean_abs_error();
   if (trace_every > 0) result.traces["error"] = std::move(error_trace);
   result.flags = ctx.status() | sr_ctx.status();
+  result.fp_counts = ctx.counts();
+  merge_counts(result.fp_counts, sr_ctx.counts());
   return result;
 }
 
@@ -90,6 +104,7 @@ Experiment make_updates() {
       real_param("w0", 1.0, "initial value of every weight"),
       int_param("trace_every", 0, "record the mean absolute error every k steps (0 = never)", 0, 1e9),
   };
+  for (ParamSpec& s : fp_exception_params()) e.params.push_back(std::move(s));
   e.metrics = {
       {"drift", "sum |w - w_fp64| / sum |w_fp64 - w0| at the end (1 = as if no update happened)"},
       {"frac_lost", "non-zero updates that left the stored state unchanged: the weight, the master weight "
@@ -105,6 +120,10 @@ Experiment make_updates() {
     const std::int64_t every = p.integer("trace_every");
     return every == 0 ? 0 : p.integer("steps") / every;
   };
+  e.fp_exceptions_note =
+      "scopes: init (initial weights and lr rounded into their formats), grad (each gradient rounded into "
+      "grad_format; element = the weight's index), update (the update rule; element = the weight's index); "
+      "counts add up over all steps and keep the first element";
   return e;
 }
 

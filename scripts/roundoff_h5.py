@@ -8,9 +8,12 @@ In a notebook, three lines give a tidy table (one row per point and replica):
     df = roundoff_h5.table("results/swamping.h5")
 
 `table` returns a pandas DataFrame when pandas imports, else a dict of 1-D numpy arrays
-(column name -> values). `read` gives the arrays as stored. From a shell:
+(column name -> values). `counts_table` and `traps_table` do the same for the
+floating-point exceptions a sweep with `fp_exceptions: count` or `trap` recorded (one row
+per counted (scope, op, flag) of a run; one row per trapped run). `read` gives the arrays
+as stored. From a shell:
 
-    scripts/roundoff_h5.py results/swamping.h5
+    scripts/roundoff_h5.py results/swamping.h5 [--counts | --traps]
 """
 import sys
 
@@ -29,11 +32,17 @@ class SweepResult:
     traces:  dict trace -> (x [P, T], y [P, R, T]) float64, NaN-padded
     flags:   dict FLAG -> [P, R] bool (sticky FP status at the end of each run)
     done:    [P] bool: points whose replicas are all written
+    fp_counts: dict column -> [P, R, K] (first_index [P, R, K, 4], first_operands
+             [P, R, K, M]); text columns as str objects; rows with count 0 are unused
+    traps:   dict column -> [P, R] (index [P, R, 4], operands [P, R, M]); trapped says
+             which runs ended in a trap
+    (fp_counts and traps are empty dicts for files written before they existed)
     """
 
-    def __init__(self, attrs, points, metrics, traces, flags, done):
+    def __init__(self, attrs, points, metrics, traces, flags, done, fp_counts=None, traps=None):
         self.attrs, self.points, self.metrics = attrs, points, metrics
         self.traces, self.flags, self.done = traces, flags, done
+        self.fp_counts, self.traps = fp_counts or {}, traps or {}
 
     def __repr__(self):
         return "SweepResult(experiment=%r, points=%d, replicas=%d, status=%r)" % (
@@ -68,7 +77,16 @@ def read(path):
                 traces[name] = (f["traces"][_plain(dataset.attrs["x"])][...], dataset[...])
         flags = {name: f["flags"][name][...].astype(bool) for name in FLAGS if name in f["flags"]}
         done = f["done"][...].astype(bool)
-    return SweepResult(attrs, points, metrics, traces, flags, done)
+        tables = {group: {name: _column(dataset) for name, dataset in f[group].items()}
+                  for group in ("fp_counts", "traps") if group in f}
+    return SweepResult(attrs, points, metrics, traces, flags, done, tables.get("fp_counts"), tables.get("traps"))
+
+
+def _column(dataset):
+    """A dataset's values; variable-length strings as str objects ("" where unwritten)."""
+    if h5py.check_string_dtype(dataset.dtype) is not None:
+        return np.array(dataset.asstr()[...], dtype=object)
+    return dataset[...]
 
 
 def table(source):
@@ -85,11 +103,78 @@ def table(source):
     for name, values in result.metrics.items():
         column = name if name not in columns else "metric_" + name
         columns[column] = values.reshape(n_points * replicas)[rows * replicas + columns["replica"]]
+    return _frame(columns)
+
+
+def _frame(columns):
     try:
         import pandas
     except ImportError:
         return columns
     return pandas.DataFrame(columns)
+
+
+def _with_params(result, point, columns):
+    """point, replica columns first, then every parameter of each row's point (prefixed
+    "param_" where its name is one of the table's own columns), then `columns`."""
+    out = {"point": point[0], "replica": point[1]}
+    for name, values in result.points.items():
+        out[name if name not in columns and name not in out else "param_" + name] = values[point[0]]
+    out.update(columns)
+    return out
+
+
+def _tuples(rows, width):
+    """Rows of a 2-D array as tuples of their first width[i] entries (object array)."""
+    out = np.empty(len(rows), dtype=object)
+    for i, (row, n) in enumerate(zip(rows, width)):
+        out[i] = tuple(row[:n].tolist())
+    return out
+
+
+def _index_tuples(rows):
+    """Index rows (-1 beyond the rank) as tuples of the set entries."""
+    return _tuples(rows, [int((row >= 0).sum()) for row in rows])
+
+
+def counts_table(source):
+    """Tidy table of the counted floating-point exceptions: one row per (point, replica,
+    scope, op, flag) of the finished points, in the order each run first raised them.
+    Columns point, replica, every parameter, scope, op, flag, count, first_element (flat
+    index, -1 if none), first_index (tuple, () if unknown), first_operands (tuple),
+    first_result. `source` is a path or a SweepResult."""
+    result = source if isinstance(source, SweepResult) else read(source)
+    names = ("scope", "op", "flag", "count", "first_element", "first_index", "first_operands", "first_result")
+    c = result.fp_counts
+    if not c or c["count"].size == 0:
+        empty = {name: np.array([], dtype=object) for name in names}
+        return _frame(_with_params(result, (np.array([], dtype=np.int64), np.array([], dtype=np.int64)), empty))
+    count = c["count"] * result.done[:, None, None]
+    point, replica, row = np.nonzero(count)  # row-major: by point, replica, then order first raised
+    columns = {name: c[name][point, replica, row] for name in ("scope", "op", "flag", "count", "first_element")}
+    columns["first_index"] = _index_tuples(c["first_index"][point, replica, row])
+    columns["first_operands"] = _tuples(c["first_operands"][point, replica, row], c["n_operands"][point, replica, row])
+    columns["first_result"] = c["first_result"][point, replica, row]
+    return _frame(_with_params(result, (point, replica), {name: columns[name] for name in names}))
+
+
+def traps_table(source):
+    """Tidy table of the runs that ended in a trap (fp_exceptions: trap): one row per
+    trapped run of the finished points, by point then replica. Columns point, replica,
+    every parameter, flag, scope, op, element (flat index, -1 if none), index (tuple),
+    operands (tuple), result (the would-be result), fp_sts and report (one line of text).
+    `source` is a path or a SweepResult."""
+    result = source if isinstance(source, SweepResult) else read(source)
+    names = ("flag", "scope", "op", "element", "index", "operands", "result", "fp_sts", "report")
+    t = result.traps
+    if not t:
+        empty = {name: np.array([], dtype=object) for name in names}
+        return _frame(_with_params(result, (np.array([], dtype=np.int64), np.array([], dtype=np.int64)), empty))
+    point, replica = np.nonzero(t["trapped"] * result.done[:, None])
+    columns = {name: t[name][point, replica] for name in ("flag", "scope", "op", "element", "result", "fp_sts", "report")}
+    columns["index"] = _index_tuples(t["index"][point, replica])
+    columns["operands"] = _tuples(t["operands"][point, replica], t["n_operands"][point, replica])
+    return _frame(_with_params(result, (point, replica), {name: columns[name] for name in names}))
 
 
 def format_table(columns):
@@ -103,18 +188,25 @@ def format_table(columns):
     return "\n".join(lines)
 
 
+TABLES = {"": table, "--counts": counts_table, "--traps": traps_table}
+
+
 def main(argv):
-    if len(argv) != 2 or argv[1] in ("-h", "--help"):
-        print("usage: roundoff_h5.py RESULTS.h5   (prints the tidy table)", file=sys.stderr)
+    args = argv[1:]
+    which = [a for a in args if a in TABLES]
+    files = [a for a in args if a not in TABLES]
+    if len(files) != 1 or len(which) > 1 or files[0] in ("-h", "--help") or files[0].startswith("--"):
+        print("usage: roundoff_h5.py RESULTS.h5 [--counts | --traps]   (prints the tidy table: runs, counted "
+              "floating-point exceptions, or trapped runs)", file=sys.stderr)
         return 2
     try:
-        result = read(argv[1])
+        result = read(files[0])
     except (OSError, KeyError) as error:
-        print("roundoff_h5.py: %s: not a readable sweep output (%s)" % (argv[1], error), file=sys.stderr)
+        print("roundoff_h5.py: %s: not a readable sweep output (%s)" % (files[0], error), file=sys.stderr)
         return 2
     print("# %s: %d points x %d replicas, %s" % (result.attrs.get("experiment"), len(result.done),
                                                  result.attrs.get("replicas", 0), result.attrs.get("status")))
-    tidy = table(result)
+    tidy = TABLES[which[0] if which else ""](result)
     print(tidy.to_string(index=False) if hasattr(tidy, "to_string") else format_table(tidy))
     return 0
 

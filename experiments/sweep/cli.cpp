@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "config.hpp"
+#include "emu/status.hpp"
 #include "h5file.hpp"
 #include "runner.hpp"
 #include "sha256.hpp"
@@ -43,7 +44,8 @@ const char* const kUsage =
     "  --describe NAME    an experiment's parameters, metrics and traces\n"
     "\n"
     "Exit status: 0 ok, 1 internal error (a bug), 2 bad input, 130 interrupted (finished\n"
-    "points are saved; continue with --resume).\n";
+    "points are saved; continue with --resume). A run that fp_exceptions: trap stops is\n"
+    "recorded in the file (/traps), not an error.\n";
 
 struct Arguments {
   std::optional<std::string> config, output, describe;
@@ -168,6 +170,13 @@ int describe(const std::string& name) {
     std::printf("  %-14s %-6s %-10s %s%s\n", p.name.c_str(), param_type_name(p.type), to_string(p.default_value).c_str(),
                 p.meaning.c_str(), limits.empty() ? "" : (" [" + limits + "]").c_str());
   }
+  if (takes_fp_exceptions(*e))
+    std::printf("\nfloating-point exceptions: takes fp_exceptions (off, count, trap) with oflo, div0, inv and nanoo "
+                "(configs/README.md); counts per scope and op go to /fp_counts, traps to /traps (results/README.md)%s%s\n",
+                e->fp_exceptions_note.empty() ? "" : ";\n  ", e->fp_exceptions_note.c_str());
+  else
+    std::printf("\nfloating-point exceptions: takes no fp_exceptions parameters (the sticky flags are in /flags)%s%s\n",
+                e->fp_exceptions_note.empty() ? "" : ";\n  ", e->fp_exceptions_note.c_str());
   std::printf("\nmetrics (float64 [points, replicas]; headline: %s):\n", e->headline_metric.c_str());
   for (const MetricSpec& m : e->metrics) std::printf("  %-18s %s\n", m.name.c_str(), m.meaning.c_str());
   if (!e->traces.empty()) {
@@ -182,6 +191,25 @@ std::string number_text(double x) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.6g", x);
   return buf;
+}
+
+// The lines on counted and trapped floating-point exceptions ("" when there were none).
+std::string fp_exceptions_text(const SweepSummary& s) {
+  const auto done_points = static_cast<std::uint64_t>(std::count(s.done.begin(), s.done.end(), 1));
+  const std::string of_runs = " of " + std::to_string(done_points * s.replicas) + " runs";
+  std::string text;
+  for (emu::Flag flag : emu::kAllFlags) {
+    const auto it = s.counted_operations.find(emu::flag_name(flag));
+    if (it == s.counted_operations.end()) continue;
+    text += std::string(text.empty() ? "fp_exceptions counted: " : ", ") + it->first + " in " +
+            std::to_string(it->second) + (it->second == 1 ? " operation" : " operations") + " of " +
+            std::to_string(s.counted_runs.at(it->first)) + of_runs;
+  }
+  if (!text.empty()) text += " (per scope and op in /fp_counts)\n";
+  if (s.trapped_runs > 0)
+    text += "trapped: " + std::to_string(s.trapped_runs) + of_runs + " (their metrics are NaN; reports in /traps); first: " +
+            s.first_trap + "\n";
+  return text;
 }
 
 // Per point: the parameters that differ between points, and mean / std / min / max of the
@@ -237,6 +265,7 @@ void print_summary(const std::string& path) {
     out << '\n';
   }
   if (not_shown) out << "... " << not_shown << " more points; all are in the file (scripts/roundoff_h5.py reads them)\n";
+  out << fp_exceptions_text(s);
   out << "output: " << path << '\n';
   std::cout << out.str() << std::flush;
 }

@@ -4,6 +4,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include <filesystem>
 #include <limits>
 #include <stdexcept>
+#include <string_view>
 
 #include "build_info.hpp"
 #include "emu/status.hpp"
@@ -116,18 +118,32 @@ Hid create_dataset(hid_t group, const std::string& name, hid_t file_type, const 
                  H5Dclose, "create dataset " + name);
 }
 
-// A chunked, compressed dataset whose last dimension grows; NaN where nothing was written.
-Hid create_growing_dataset(hid_t group, const std::string& name, std::vector<hsize_t> dims, std::vector<hsize_t> chunk) {
+// A chunked dataset whose dimensions listed in `growing` can be extended (H5S_UNLIMITED);
+// `fill` (of memory type `fill_type`) where nothing was written; no fill: HDF5's default
+// (empty strings: a variable-length fill value would make unwritten chunks unreadable
+// without write access). Numbers are shuffled and gzip-compressed (level 4);
+// variable-length strings are stored as they are.
+Hid create_growing_dataset(hid_t group, const std::string& name, hid_t file_type, const std::vector<hsize_t>& dims,
+                           const std::vector<std::size_t>& growing, const std::vector<hsize_t>& chunk, hid_t fill_type,
+                           const void* fill) {
   Hid dcpl = checked(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, "H5Pcreate");
   check(H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()), "H5Pset_chunk");
-  check(H5Pset_shuffle(dcpl.get()), "H5Pset_shuffle");
-  check(H5Pset_deflate(dcpl.get(), 4), "H5Pset_deflate");
-  check(H5Pset_fill_value(dcpl.get(), H5T_NATIVE_DOUBLE, &kNaN), "H5Pset_fill_value");
+  if (H5Tget_class(file_type) != H5T_STRING) {
+    check(H5Pset_shuffle(dcpl.get()), "H5Pset_shuffle");
+    check(H5Pset_deflate(dcpl.get(), 4), "H5Pset_deflate");
+  }
+  if (fill) check(H5Pset_fill_value(dcpl.get(), fill_type, fill), "H5Pset_fill_value");
   std::vector<hsize_t> max_dims = dims;
-  max_dims.back() = H5S_UNLIMITED;
+  for (std::size_t axis : growing) max_dims[axis] = H5S_UNLIMITED;
   Hid space = simple_space(dims, max_dims);
-  return checked(H5Dcreate2(group, name.c_str(), H5T_IEEE_F64LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+  return checked(H5Dcreate2(group, name.c_str(), file_type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
                  H5Dclose, "create dataset " + name);
+}
+
+// A trace: float64, its last dimension growing, NaN where nothing was written.
+Hid create_trace_dataset(hid_t group, const std::string& name, const std::vector<hsize_t>& dims,
+                         const std::vector<hsize_t>& chunk) {
+  return create_growing_dataset(group, name, H5T_IEEE_F64LE, dims, {dims.size() - 1}, chunk, H5T_NATIVE_DOUBLE, &kNaN);
 }
 
 Hid open_dataset(hid_t file, const std::string& path) {
@@ -238,6 +254,254 @@ ExistingOutput inspect_output(const std::string& path) {
 
 namespace {
 
+// ---- /fp_counts and /traps (results/README.md) -----------------------------------------
+//
+// Placed by (point, replica) like the metrics, so the file is the same whatever the thread
+// count, the completion order or an interruption: /fp_counts/* are [P, R, K] (K, the most
+// rows any run counted, grows as points are written, like a trace's T), /traps/* are
+// [P, R]; index datasets add a dimension of Element::kMaxRank, operand datasets one of M
+// (the most operands of any row; grows too).
+
+constexpr hsize_t kIndexRank = emu::Element::kMaxRank;
+constexpr hsize_t kCountRowsChunk = 16, kOperandsChunk = 4;
+
+enum class FpKind { text, int64, uint64, uint32, uint8, float64 };
+enum class FpExtra { none, index, operands };  // the dataset's last dimension, if any
+
+struct FpColumn {
+  const char* path;  // "fp_counts/scope"
+  FpKind kind;
+  FpExtra extra;
+  std::int64_t int_fill;  // for int64 columns (-1 for indices, 0 for counts of things)
+  const char* meaning;
+};
+
+const FpColumn kFpColumns[] = {
+    {"fp_counts/scope", FpKind::text, FpExtra::none, 0, "scope path of the counted operations (\"\" at top level)"},
+    {"fp_counts/op", FpKind::text, FpExtra::none, 0,
+     "operation (add, sub, mul, div, fma, sqrt, convert, amp, mma, ...)"},
+    {"fp_counts/flag", FpKind::text, FpExtra::none, 0, "the counted flag: OFLO, DIV0 or INV (\"\" in an unused row)"},
+    {"fp_counts/count", FpKind::uint64, FpExtra::none, 0,
+     "operations (elements) that raised the flag in this scope and op; 0 in an unused row"},
+    {"fp_counts/first_element", FpKind::int64, FpExtra::none, -1,
+     "flat index of the first such element; -1 if the operation names none"},
+    {"fp_counts/first_index", FpKind::int64, FpExtra::index, -1,
+     "the first element's index per dimension; -1 beyond its rank"},
+    {"fp_counts/n_operands", FpKind::int64, FpExtra::none, 0, "number of operands of the first such operation"},
+    {"fp_counts/first_operands", FpKind::float64, FpExtra::operands, 0,
+     "operands of the first such operation (NaN beyond n_operands)"},
+    {"fp_counts/first_result", FpKind::float64, FpExtra::none, 0,
+     "result of the first such operation under the overflow policy"},
+    {"traps/trapped", FpKind::uint8, FpExtra::none, 0, "1 where the run ended in a trap (its metrics are NaN)"},
+    {"traps/flag", FpKind::text, FpExtra::none, 0, "the flag that trapped: OFLO, DIV0 or INV (\"\" if none)"},
+    {"traps/scope", FpKind::text, FpExtra::none, 0, "scope path of the trapping operation"},
+    {"traps/op", FpKind::text, FpExtra::none, 0, "the trapping operation"},
+    {"traps/element", FpKind::int64, FpExtra::none, -1, "flat index of the element it computed; -1 if none"},
+    {"traps/index", FpKind::int64, FpExtra::index, -1, "the element's index per dimension; -1 beyond its rank"},
+    {"traps/n_operands", FpKind::int64, FpExtra::none, 0, "number of operands"},
+    {"traps/operands", FpKind::float64, FpExtra::operands, 0, "the operands (NaN beyond n_operands)"},
+    {"traps/result", FpKind::float64, FpExtra::none, 0, "the would-be result under the overflow policy"},
+    {"traps/fp_sts", FpKind::uint32, FpExtra::none, 0,
+     "the status register as the IPU would show it: bit 0 INV, bit 1 DIV0, bit 2 OFLO"},
+    {"traps/report", FpKind::text, FpExtra::none, 0, "the trap report as one line of text"},
+};
+
+const char* const kEmptyText = "";
+
+// The file and memory types of a column (`text`: the UTF-8 string type, both).
+struct FpTypes {
+  hid_t file, memory;
+};
+FpTypes fp_types(FpKind kind, hid_t text) {
+  switch (kind) {
+    case FpKind::text: return {text, text};
+    case FpKind::int64: return {H5T_STD_I64LE, H5T_NATIVE_INT64};
+    case FpKind::uint64: return {H5T_STD_U64LE, H5T_NATIVE_UINT64};
+    case FpKind::uint32: return {H5T_STD_U32LE, H5T_NATIVE_UINT32};
+    case FpKind::uint8: return {H5T_STD_U8LE, H5T_NATIVE_UINT8};
+    case FpKind::float64: return {H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE};
+  }
+  return {-1, -1};
+}
+
+void write_fp_layout(hid_t f, hsize_t n_points, hsize_t replicas) {
+  Hid counts = create_group(f, "fp_counts");
+  write_attribute(counts.get(), "meaning",
+                  std::string("fp_exceptions: count: per (point, replica), one row per (scope, op, flag) in the order "
+                              "first raised, K rows (unused rows: count 0)"));
+  Hid traps = create_group(f, "traps");
+  write_attribute(traps.get(), "meaning", std::string("fp_exceptions: trap: the report of the trap that ended each run"));
+  Hid text = utf8_string_type();
+  const hsize_t chunk_replicas = std::min<hsize_t>(replicas, 256);
+  for (const FpColumn& column : kFpColumns) {
+    const bool is_counts = std::string_view(column.path).rfind("fp_counts/", 0) == 0;
+    std::vector<hsize_t> dims{n_points, replicas}, chunk{1, chunk_replicas};
+    std::vector<std::size_t> growing;
+    if (is_counts) {
+      dims.push_back(0);
+      chunk.push_back(kCountRowsChunk);
+      growing.push_back(2);
+    }
+    if (column.extra == FpExtra::index) {
+      dims.push_back(kIndexRank);
+      chunk.push_back(kIndexRank);
+    } else if (column.extra == FpExtra::operands) {
+      growing.push_back(dims.size());
+      dims.push_back(0);
+      chunk.push_back(kOperandsChunk);
+    }
+    const std::uint64_t zero = 0;
+    const void* fill = &zero;  // uint8, uint32, uint64: zero, converted from uint64
+    hid_t fill_type = H5T_NATIVE_UINT64;
+    switch (column.kind) {
+      case FpKind::text: fill = nullptr; break;  // HDF5's default: read as ""
+      case FpKind::int64: fill = &column.int_fill, fill_type = H5T_NATIVE_INT64; break;
+      case FpKind::float64: fill = &kNaN, fill_type = H5T_NATIVE_DOUBLE; break;
+      default: break;
+    }
+    Hid dataset = create_growing_dataset(f, column.path, fp_types(column.kind, text.get()).file, dims, growing, chunk,
+                                         fill_type, fill);
+    write_attribute(dataset.get(), "meaning", std::string(column.meaning));
+  }
+}
+
+// Extends `dataset` along `axis` to at least `size`.
+void grow(hid_t dataset, std::size_t axis, hsize_t size) {
+  std::vector<hsize_t> dims = dataset_dims(dataset);
+  if (dims[axis] >= size) return;
+  dims[axis] = size;
+  check(H5Dset_extent(dataset, dims.data()), "extend dataset");
+}
+
+// One column's values for a block of rows, in the order they are written.
+struct FpBlock {
+  std::vector<const char*> text;
+  std::vector<std::int64_t> int64;
+  std::vector<std::uint64_t> uint64;
+  std::vector<std::uint32_t> uint32;
+  std::vector<std::uint8_t> uint8;
+  std::vector<double> float64;
+  const void* data(FpKind kind) const {
+    switch (kind) {
+      case FpKind::text: return text.data();
+      case FpKind::int64: return int64.data();
+      case FpKind::uint64: return uint64.data();
+      case FpKind::uint32: return uint32.data();
+      case FpKind::uint8: return uint8.data();
+      case FpKind::float64: return float64.data();
+    }
+    return nullptr;
+  }
+};
+
+// An element's index per dimension, -1 beyond its rank, appended to `out`.
+void append_index(std::vector<std::int64_t>& out, const emu::Element& e) {
+  for (hsize_t d = 0; d < kIndexRank; ++d)
+    out.push_back(static_cast<int>(d) < e.rank ? e.index[static_cast<std::size_t>(d)] : -1);
+}
+void append_operands(std::vector<double>& out, const std::vector<double>& operands, hsize_t width) {
+  for (hsize_t m = 0; m < width; ++m) out.push_back(m < operands.size() ? operands[m] : kNaN);
+}
+
+// Appends one unused cell (the column's fill) to `block`.
+void append_fill(FpBlock& block, const FpColumn& column, hsize_t width) {
+  const hsize_t cells = column.extra == FpExtra::index ? kIndexRank : column.extra == FpExtra::operands ? width : 1;
+  for (hsize_t i = 0; i < cells; ++i) {
+    switch (column.kind) {
+      case FpKind::text: block.text.push_back(kEmptyText); break;
+      case FpKind::int64: block.int64.push_back(column.int_fill); break;
+      case FpKind::uint64: block.uint64.push_back(0); break;
+      case FpKind::uint32: block.uint32.push_back(0); break;
+      case FpKind::uint8: block.uint8.push_back(0); break;
+      case FpKind::float64: block.float64.push_back(kNaN); break;
+    }
+  }
+}
+
+// Writes the blocks of the columns under `group` ("fp_counts/" or "traps/") at point p:
+// `shape` is [1, R] or [1, R, rows]; `width` the operands dimension of the block.
+void write_fp_blocks(const std::map<std::string, Hid>& sets, const std::map<std::string, FpBlock>& blocks,
+                     const std::string& group, hsize_t p, const std::vector<hsize_t>& shape, hsize_t width) {
+  Hid text = utf8_string_type();
+  for (const FpColumn& column : kFpColumns) {
+    if (std::string_view(column.path).rfind(group, 0) != 0) continue;
+    std::vector<hsize_t> count = shape;
+    if (column.extra == FpExtra::index) count.push_back(kIndexRank);
+    if (column.extra == FpExtra::operands) {
+      if (width == 0) continue;  // nothing but fill
+      count.push_back(width);
+    }
+    const hid_t dataset = sets.at(column.path).get();
+    if (shape.size() == 3) grow(dataset, 2, shape[2]);
+    if (column.extra == FpExtra::operands) grow(dataset, count.size() - 1, width);
+    std::vector<hsize_t> start(count.size(), 0);
+    start[0] = p;
+    write_block(dataset, fp_types(column.kind, text.get()).memory, start, count, blocks.at(column.path).data(column.kind));
+  }
+}
+
+// The counts and traps of every replica of point p.
+void write_fp_point(const std::map<std::string, Hid>& sets, hsize_t p, const std::vector<RunResult>& results) {
+  const hsize_t replicas = results.size();
+
+  hsize_t rows = 0, width = 0;
+  for (const RunResult& r : results) {
+    rows = std::max<hsize_t>(rows, r.fp_counts.size());
+    for (const emu::OpCount& c : r.fp_counts) width = std::max<hsize_t>(width, c.first_operands.size());
+  }
+  if (rows > 0) {
+    std::map<std::string, FpBlock> b;
+    for (const RunResult& r : results)
+      for (hsize_t k = 0; k < rows; ++k) {
+        if (k >= r.fp_counts.size()) {
+          for (const FpColumn& c : kFpColumns)
+            if (std::string_view(c.path).rfind("fp_counts/", 0) == 0) append_fill(b[c.path], c, width);
+          continue;
+        }
+        const emu::OpCount& c = r.fp_counts[k];
+        b["fp_counts/scope"].text.push_back(c.scope.c_str());
+        b["fp_counts/op"].text.push_back(c.op.c_str());
+        b["fp_counts/flag"].text.push_back(emu::flag_name(c.flag));
+        b["fp_counts/count"].uint64.push_back(c.count);
+        b["fp_counts/first_element"].int64.push_back(c.first_element.flat);
+        append_index(b["fp_counts/first_index"].int64, c.first_element);
+        b["fp_counts/n_operands"].int64.push_back(static_cast<std::int64_t>(c.first_operands.size()));
+        append_operands(b["fp_counts/first_operands"].float64, c.first_operands, width);
+        b["fp_counts/first_result"].float64.push_back(c.first_result);
+      }
+    write_fp_blocks(sets, b, "fp_counts/", p, {1, replicas, rows}, width);
+  }
+
+  if (std::none_of(results.begin(), results.end(), [](const RunResult& r) { return r.trap.has_value(); })) return;
+  width = 0;
+  for (const RunResult& r : results)
+    if (r.trap) width = std::max<hsize_t>(width, r.trap->operands.size());
+  std::vector<std::string> reports;  // alive while written
+  reports.reserve(replicas);
+  std::map<std::string, FpBlock> b;
+  for (const RunResult& r : results) {
+    if (!r.trap) {
+      for (const FpColumn& c : kFpColumns)
+        if (std::string_view(c.path).rfind("traps/", 0) == 0) append_fill(b[c.path], c, width);
+      continue;
+    }
+    const emu::TrapReport& t = *r.trap;
+    reports.push_back(emu::FpException(t).what());  // the message emu gives the trap
+    b["traps/trapped"].uint8.push_back(1);
+    b["traps/flag"].text.push_back(emu::flag_name(t.flag));
+    b["traps/scope"].text.push_back(t.scope.c_str());
+    b["traps/op"].text.push_back(t.op.c_str());
+    b["traps/element"].int64.push_back(t.element.flat);
+    append_index(b["traps/index"].int64, t.element);
+    b["traps/n_operands"].int64.push_back(static_cast<std::int64_t>(t.operands.size()));
+    append_operands(b["traps/operands"].float64, t.operands, width);
+    b["traps/result"].float64.push_back(t.result);
+    b["traps/fp_sts"].uint32.push_back(t.fp_sts());
+    b["traps/report"].text.push_back(reports.back().c_str());
+  }
+  write_fp_blocks(sets, b, "traps/", p, {1, replicas}, width);
+}
+
 // Every attribute, group and dataset of a new output, in file `f`.
 void write_layout(hid_t f, const SweepPlan& plan, const std::string& config_sha256) {
   const Experiment& experiment = *plan.experiment;
@@ -304,11 +568,11 @@ void write_layout(hid_t f, const SweepPlan& plan, const std::string& config_sha2
   Hid traces = create_group(f, "traces");
   for (const TraceSpec& spec : experiment.traces) {
     const std::vector<hsize_t> chunk = trace_chunk(replicas);
-    Hid y = create_growing_dataset(traces.get(), spec.name, {n_points, replicas, 0}, chunk);
+    Hid y = create_trace_dataset(traces.get(), spec.name, {n_points, replicas, 0}, chunk);
     write_attribute(y.get(), "meaning", spec.meaning);
     write_attribute(y.get(), "x", spec.name + "_x");
     write_attribute(y.get(), "x_name", spec.x_name);
-    Hid x = create_growing_dataset(traces.get(), spec.name + "_x", {n_points, 0}, {1, chunk[1] * chunk[2]});
+    Hid x = create_trace_dataset(traces.get(), spec.name + "_x", {n_points, 0}, {1, chunk[1] * chunk[2]});
     write_attribute(x.get(), "meaning", spec.x_name);
   }
 
@@ -318,6 +582,8 @@ void write_layout(hid_t f, const SweepPlan& plan, const std::string& config_sha2
     Hid dataset = create_dataset(flags.get(), emu::flag_name(flag), H5T_STD_U8LE, {n_points, replicas}, &zero, H5T_NATIVE_UINT8);
     write_attribute(dataset.get(), "meaning", std::string("1 where the run ended with the sticky ") + emu::flag_name(flag) + " flag raised");
   }
+
+  write_fp_layout(f, n_points, replicas);
 
   Hid done = create_dataset(f, "done", H5T_STD_U8LE, {n_points}, &zero, H5T_NATIVE_UINT8);
   write_attribute(done.get(), "meaning", std::string("1 where every replica of the point is written"));
@@ -385,6 +651,7 @@ OutputFile::OutputFile(const SweepPlan& plan, Hid file) : plan_(&plan), file_(st
     trace_x_sets_.push_back(open_dataset(f, "traces/" + spec.name + "_x"));
   }
   for (emu::Flag flag : emu::kAllFlags) flag_sets_.push_back(open_dataset(f, std::string("flags/") + emu::flag_name(flag)));
+  for (const FpColumn& column : kFpColumns) fp_sets_.emplace(column.path, open_dataset(f, column.path));
   done_set_ = open_dataset(f, "done");
 }
 
@@ -436,6 +703,8 @@ void OutputFile::write_point(std::uint32_t point, const std::vector<RunResult>& 
     write_block(flag_sets_[k].get(), H5T_NATIVE_UINT8, {p, 0}, {1, replicas}, row.data());
   }
 
+  write_fp_point(fp_sets_, p, results);
+
   const std::uint8_t one = 1;
   write_block(done_set_.get(), H5T_NATIVE_UINT8, {p}, {1}, &one);
 }
@@ -466,6 +735,18 @@ herr_t collect_link_name(hid_t, const char* name, const LinkInfo*, void* names) 
   return 0;
 }
 
+// The n variable-length UTF-8 strings of a dataset ("" for unwritten ones).
+std::vector<std::string> read_strings(hid_t dataset, std::size_t n) {
+  Hid string_type = utf8_string_type();
+  std::vector<char*> values(n);
+  check(H5Dread(dataset, string_type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), "read strings");
+  std::vector<std::string> strings;
+  for (char* v : values) strings.push_back(v ? v : "");
+  Hid space = checked(H5Dget_space(dataset), H5Sclose, "H5Dget_space");
+  ROUNDOFF_H5_RECLAIM(string_type.get(), space.get(), values.data());
+  return strings;
+}
+
 std::vector<std::string> read_param_column(hid_t dataset, const std::string& type, std::size_t n) {
   std::vector<std::string> column;
   if (type == "int") {
@@ -481,14 +762,60 @@ std::vector<std::string> read_param_column(hid_t dataset, const std::string& typ
     check(H5Dread(dataset, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), "read points");
     for (std::uint8_t v : values) column.push_back(v ? "true" : "false");
   } else {
-    Hid string_type = utf8_string_type();
-    std::vector<char*> values(n);
-    check(H5Dread(dataset, string_type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), "read points");
-    for (char* v : values) column.push_back(v ? v : "");
-    Hid space = checked(H5Dget_space(dataset), H5Sclose, "H5Dget_space");
-    ROUNDOFF_H5_RECLAIM(string_type.get(), space.get(), values.data());
+    column = read_strings(dataset, n);
   }
   return column;
+}
+
+// Every element of a dataset of n elements, as numbers of memory type `type`.
+template <typename T>
+std::vector<T> read_numbers(hid_t dataset, hid_t type, std::size_t n) {
+  std::vector<T> values(n);
+  check(H5Dread(dataset, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), "read dataset");
+  return values;
+}
+
+std::size_t element_count(hid_t dataset) {
+  std::size_t n = 1;
+  for (hsize_t d : dataset_dims(dataset)) n *= d;
+  return n;
+}
+
+// The fp_exceptions part of the summary, over the runs of finished points.
+void read_fp_summary(hid_t f, SweepSummary& summary) {
+  if (H5Lexists(f, "traps", H5P_DEFAULT) <= 0) return;  // written before fp_exceptions existed
+  const std::size_t replicas = summary.replicas, runs = summary.n_points * replicas;
+  auto run_done = [&](std::size_t run) { return summary.done[run / replicas] != 0; };
+  Hid trapped_set = open_dataset(f, "traps/trapped");
+  const auto trapped = read_numbers<std::uint8_t>(trapped_set.get(), H5T_NATIVE_UINT8, runs);
+  std::size_t first = runs;
+  for (std::size_t run = 0; run < runs; ++run)
+    if (trapped[run] && run_done(run)) {
+      ++summary.trapped_runs;
+      first = std::min(first, run);
+    }
+  if (first < runs) {
+    Hid reports = open_dataset(f, "traps/report");
+    summary.first_trap = "point " + std::to_string(first / replicas) + " replica " + std::to_string(first % replicas) +
+                         ": " + read_strings(reports.get(), runs)[first];
+  }
+  Hid count_set = open_dataset(f, "fp_counts/count"), flag_set = open_dataset(f, "fp_counts/flag");
+  const std::size_t cells = element_count(count_set.get()), rows = runs ? cells / runs : 0;
+  if (cells == 0) return;
+  const auto counts = read_numbers<std::uint64_t>(count_set.get(), H5T_NATIVE_UINT64, cells);
+  const std::vector<std::string> flags = read_strings(flag_set.get(), cells);
+  for (std::size_t run = 0; run < runs; ++run) {
+    if (!run_done(run)) continue;
+    std::map<std::string, bool> seen;
+    for (std::size_t k = run * rows; k < (run + 1) * rows; ++k) {
+      if (counts[k] == 0) continue;
+      summary.counted_operations[flags[k]] += counts[k];
+      if (!seen[flags[k]]) {
+        seen[flags[k]] = true;
+        ++summary.counted_runs[flags[k]];
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -524,6 +851,7 @@ SweepSummary read_summary(const std::string& path) {
   summary.done.resize(summary.n_points);
   Hid done = open_dataset(f, "done");
   check(H5Dread(done.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, summary.done.data()), "read done");
+  read_fp_summary(f, summary);
   return summary;
 }
 

@@ -7,12 +7,15 @@
 //   /traces/<name>    [P, R, T] float64, chunked + gzip, NaN-padded; attrs meaning, x, x_name
 //   /traces/<name>_x  [P, T] float64: the x axis of each point's trace; attr meaning
 //   /flags/<FLAG>     [P, R] uint8 for OFLO DIV0 INV UFLO INEXACT
+//   /fp_counts/<col>  [P, R, K(, 4 | M)]: counted flags per (scope, op), one row each
+//   /traps/<col>      [P, R(, 4 | M)]: the trap that ended a run
 //   /done             [P] uint8
 #pragma once
 
 #include <hdf5.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -85,6 +88,7 @@ class OutputFile {
   Hid file_;
   // Open once: per-point writes would otherwise spend most of their time opening datasets.
   std::vector<Hid> metric_sets_, trace_sets_, trace_x_sets_, flag_sets_;  // in spec order
+  std::map<std::string, Hid> fp_sets_;  // /fp_counts/* and /traps/*, by path
   Hid done_set_;
 };
 
@@ -96,6 +100,12 @@ struct SweepSummary {
   std::vector<std::vector<std::string>> param_values;   // [param][point], as spelled
   std::vector<std::vector<double>> headline;            // [point][replica]
   std::vector<std::uint8_t> done;                       // [point]
+  // fp_exceptions, over the runs of finished points: runs that ended in a trap, the first
+  // of them ("point P replica R: REPORT"; by point, then replica), and the counted
+  // operations and the runs that counted any, per flag name.
+  std::uint64_t trapped_runs = 0;
+  std::string first_trap;
+  std::map<std::string, std::uint64_t> counted_operations, counted_runs;
 };
 SweepSummary read_summary(const std::string& path);
 

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -44,6 +45,16 @@ void check_result(const Experiment& experiment, std::int64_t declared_samples, c
       throw ExperimentFailure("experiment '" + experiment.name + "' recorded " + std::to_string(samples) +
                               " trace samples, more than its trace_length " + std::to_string(declared_samples));
   }
+}
+
+// The result of a run that an enabled floating-point exception stopped: every metric NaN,
+// no traces, the report, and the sticky status at the trap.
+RunResult trapped_run(const Experiment& experiment, const emu::TrapReport& report) {
+  RunResult result;
+  for (const MetricSpec& spec : experiment.metrics) result.metrics[spec.name] = std::numeric_limits<double>::quiet_NaN();
+  result.flags = report.status;
+  result.trap = report;
+  return result;
 }
 
 std::string clock_text(double seconds) {
@@ -143,6 +154,8 @@ RunReport run_plan(const SweepPlan& plan, OutputFile& output, const std::vector<
             results[task] = std::move(result);
           } catch (const Cancelled&) {
             return;
+          } catch (const emu::FpException& e) {
+            results[task] = trapped_run(experiment, e.report());  // the run's outcome, not a failure
           } catch (const BadInput& e) {
             fail(plan.config_path + ": point " + std::to_string(point) + " replica " + std::to_string(replica) + ": " +
                      e.what(),

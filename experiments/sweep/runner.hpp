@@ -39,8 +39,10 @@ class ExperimentBadInput : public std::runtime_error {
 
 // Runs the points whose `done` entry is 0. `stop` is polled between runs and handed to
 // experiments as RunEnv::cancel; once it is set no new run starts, cancelled runs are
-// dropped, and every point whose replicas all finished is still written. Throws
-// ExperimentFailure (or ExperimentBadInput) after saving what finished.
+// dropped, and every point whose replicas all finished is still written. A run that lets
+// emu::FpException escape (fp_exceptions: trap) is recorded, not a failure: metrics NaN,
+// RunResult::trap set, flags the status at the trap. Throws ExperimentFailure (or
+// ExperimentBadInput) after saving what finished.
 RunReport run_plan(const SweepPlan& plan, OutputFile& output, const std::vector<std::uint8_t>& done,
                    const RunOptions& options, std::atomic<bool>& stop);
 

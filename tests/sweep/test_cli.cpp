@@ -16,6 +16,7 @@
 #include <cmath>
 #include <numeric>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include "support.hpp"
@@ -110,6 +111,18 @@ const BadConfig kBadConfigs[] = {
      "over the limit of 268435456"},
     {"summation's trace over the limit", "experiment: summation\noutput: out.h5\ngrid:\n  n: 100000000\n  trace_every: 9\n", 3,
      "trace samples, over the limit"},
+    // The floating-point exception parameters.
+    {"unknown fp_exceptions mode", kHead + "grid:\n  fp_exceptions: cont\n", 4, "did you mean 'count'"},
+    {"fp_exceptions not a string", kHead + "grid:\n  fp_exceptions: true\n", 4, "expected a string"},
+    {"oflo not a bool", kHead + "grid:\n  oflo: yes\n", 4, "expected true or false"},
+    {"div0 a list with a number", kHead + "grid:\n  div0: [true, 0]\n", 4, "expected true or false"},
+    {"inv null", kHead + "grid:\n  inv:\n", 4, "expected true or false"},
+    {"nanoo a number", kHead + "grid:\n  nanoo: 1\n", 4, "expected true or false"},
+    {"nanoo with another overflow policy", kHead + "grid:\n  overflow: [nan, saturate]\n  nanoo: true\n", 3,
+     "point 1 (overflow=saturate, nanoo=true): nanoo: true (NaN on overflow) contradicts overflow: saturate"},
+    {"nanoo with the default overflow policy", kHead + "grid:\n  nanoo: true\n", 3, "contradicts overflow: inf"},
+    {"fp_exceptions where the experiment takes none", "experiment: grad_underflow\noutput: out.h5\ngrid:\n  fp_exceptions: count\n",
+     4, "unknown parameter 'fp_exceptions' of experiment 'grad_underflow'"},
 };
 
 }  // namespace
@@ -203,6 +216,37 @@ TEST_CASE("--list, --describe, --dry-run", "[sweep][cli]") {
   CHECK(describe.status == 0);
   for (const char* word : {"format", "rounding", "addend", "trace_every", "final", "stagnation_step"})
     CHECK(describe.out.find(word) != std::string::npos);
+  // Which experiments take the fp_exceptions parameters, from their specs.
+  for (const char* name : {"swamping", "summation", "matmul_accum", "updates", "train"}) {
+    const auto text = run_program(sweep, {"--describe", name}, dir.path().string()).out;
+    INFO(name);
+    CHECK(text.find("floating-point exceptions: takes fp_exceptions (off, count, trap)") != std::string::npos);
+    CHECK(text.find("scope") != std::string::npos);
+  }
+  // configs/README.md names the experiments that take them: the same as --describe says.
+  const char* root = std::getenv("ROUNDOFF_ROOT");
+  REQUIRE(root);
+  const std::string readme = sweep_test::read_file(std::string(root) + "/configs/README.md");
+  const std::string lead = "Which experiments take them: ";
+  const auto at = readme.find(lead);
+  REQUIRE(at != std::string::npos);
+  std::string named = readme.substr(at + lead.size(), readme.find('.', at) - at - lead.size());
+  std::replace(named.begin(), named.end(), ',', ' ');
+  std::set<std::string> documented;
+  std::istringstream words(named);
+  for (std::string w; words >> w;)
+    if (w != "and") documented.insert(w);
+  std::set<std::string> taking;
+  std::istringstream names(list.out);
+  for (std::string line; std::getline(names, line);) {
+    const std::string name = line.substr(0, line.find(' '));
+    if (run_program(sweep, {"--describe", name}, dir.path().string()).out.find("takes fp_exceptions (") != std::string::npos)
+      taking.insert(name);
+  }
+  CHECK(taking == documented);
+  const auto grad = run_program(sweep, {"--describe", "grad_underflow"}, dir.path().string()).out;
+  CHECK(grad.find("floating-point exceptions: takes no fp_exceptions parameters") != std::string::npos);
+  CHECK(grad.find("fp_exceptions  ") == std::string::npos);  // not among its parameters
   write_file(dir / "dry.yaml", kHead + "replicas: 3\ngrid:\n  format: [fp16, fp32]\n  rounding: [rne, sr, rz]\n");
   const auto dry = run_program(sweep, {"dry.yaml", "--dry-run"}, dir.path().string());
   CHECK(dry.status == 0);
@@ -574,4 +618,114 @@ TEST_CASE("golden: the shipped configs/swamping.yaml reproduces the IPU tutorial
   CHECK(seen[1] == 1);
   CHECK(seen[2] == 1);
   CHECK(seen[3] == 1);
+}
+
+namespace {
+
+// The oracle of x <- fp16(x + addend) from 0, the CPU's binary16 with round-to-nearest-even:
+// the first step whose sum overflows to inf, and x just before it.
+struct Fp16Overflow {
+  int step = -1;
+  double before = 0;
+};
+Fp16Overflow first_fp16_overflow(double addend, int steps) {
+  double x = 0;
+  for (int k = 1; k <= steps; ++k) {
+    const double next = static_cast<double>(static_cast<_Float16>(x + addend));  // x + addend is exact in double
+    if (std::isinf(next)) return {k, x};
+    x = next;
+  }
+  return {};
+}
+
+std::string integer_text(double x) { return std::to_string(static_cast<long long>(x)); }
+
+}  // namespace
+
+TEST_CASE("fp_exceptions through sweep: a trapped run is recorded and the sweep goes on; counts name the first element",
+          "[sweep][cli][fp]") {
+  const std::string sweep = sweep_binary();
+  TempDir dir;
+  const Fp16Overflow overflow = first_fp16_overflow(1000, 100);
+  REQUIRE(overflow.step > 0);  // 66: x = 64608, and 65608 rounds past 65504 to inf
+  const std::string step = std::to_string(overflow.step), before = integer_text(overflow.before);
+
+  // Trap: point 1 (addend 1000) traps in both replicas; point 0 runs to its end.
+  write_file(dir / "trap.yaml", "experiment: swamping\nreplicas: 2\noutput: trap.h5\ngrid:\n  addend: [1.0e-4, 1000]\n"
+                                "  steps: 100\n  fp_exceptions: trap\n");
+  const auto trap = run_program(sweep, {"trap.yaml", "--quiet", "-j", "2"}, dir.path().string());
+  INFO("stdout: " << trap.out << "\nstderr: " << trap.err);
+  REQUIRE(trap.status == 0);
+  const std::string report = "floating-point trap: OFLO in sum: add(" + before + ", 1000) at element #" + step + " = inf";
+  CHECK(trap.out.find("trapped: 2 of 4 runs (their metrics are NaN; reports in /traps); first: point 1 replica 0: " +
+                      report + "\n") != std::string::npos);
+  const std::string out = dir / "trap.h5";
+  CHECK(sweep_test::read_dataset<std::uint8_t>(out, "traps/trapped") == std::vector<std::uint8_t>{0, 0, 1, 1});
+  CHECK(sweep_test::string_dataset(out, "traps/report") == std::vector<std::string>{"", "", report, report});
+  CHECK(sweep_test::read_dataset<std::int64_t>(out, "traps/element") == std::vector<std::int64_t>{-1, -1, overflow.step, overflow.step});
+  const auto operands = sweep_test::read_dataset<double>(out, "traps/operands");
+  CHECK(operands[4] == overflow.before);
+  CHECK(operands[5] == 1000);
+  CHECK(sweep_test::read_dataset<std::int64_t>(out, "traps/fp_sts") == std::vector<std::int64_t>{0, 0, 4, 4});
+  const auto final = sweep_test::read_dataset<double>(out, "metrics/final");
+  CHECK(final[0] == final[1]);
+  CHECK(std::isfinite(final[0]));
+  CHECK(std::isnan(final[2]));
+  CHECK(std::isnan(final[3]));
+  CHECK(sweep_test::read_dataset<std::uint8_t>(out, "flags/OFLO") == std::vector<std::uint8_t>{0, 0, 1, 1});
+
+  // Count: the run goes to its end (x stays inf: an infinite operand is no overflow), one
+  // OFLO at the step the oracle names. Summation with nanoo: the same overflow gives NaN
+  // and raises INV too (counted where inv is on), and overflowing terms count in `terms`.
+  write_file(dir / "count.yaml", "experiment: swamping\noutput: count.h5\ngrid:\n  addend: 1000\n  steps: 100\n"
+                                 "  fp_exceptions: count\n");
+  const auto count = run_program(sweep, {"count.yaml", "--quiet"}, dir.path().string());
+  INFO("stdout: " << count.out << "\nstderr: " << count.err);
+  REQUIRE(count.status == 0);
+  CHECK(count.out.find("fp_exceptions counted: OFLO in 1 operation of 1 of 1 runs (per scope and op in /fp_counts)\n") !=
+        std::string::npos);
+  CHECK(sweep_test::string_dataset(dir / "count.h5", "fp_counts/scope") == std::vector<std::string>{"sum"});
+  CHECK(sweep_test::read_dataset<std::int64_t>(dir / "count.h5", "fp_counts/first_element") == std::vector<std::int64_t>{overflow.step});
+  CHECK(sweep_test::read_dataset<double>(dir / "count.h5", "fp_counts/first_operands") == std::vector<double>{overflow.before, 1000});
+  CHECK(std::isinf(sweep_test::read_dataset<double>(dir / "count.h5", "metrics/final")[0]));
+
+  write_file(dir / "nanoo.yaml", "experiment: summation\noutput: nanoo.h5\ngrid:\n  series: constant\n  format: fp16\n"
+                                 "  value: [1000, 1.0e5]\n  n: 100\n  fp_exceptions: count\n  nanoo: true\n  inv: [true, false]\n");
+  REQUIRE(run_program(sweep, {"nanoo.yaml", "--quiet"}, dir.path().string()).status == 0);
+  const std::string nanoo = dir / "nanoo.h5";
+  // Points: (1000, inv), (1000, no inv), (1e5, inv), (1e5, no inv); rows: the most is 2.
+  const auto scope = sweep_test::string_dataset(nanoo, "fp_counts/scope");
+  const auto flag = sweep_test::string_dataset(nanoo, "fp_counts/flag");
+  const auto counted = sweep_test::read_dataset<std::int64_t>(nanoo, "fp_counts/count");
+  const auto first = sweep_test::read_dataset<std::int64_t>(nanoo, "fp_counts/first_element");
+  const auto result = sweep_test::read_dataset<double>(nanoo, "fp_counts/first_result");
+  REQUIRE(scope.size() == 4 * 2);
+  CHECK(std::vector<std::string>(scope.begin(), scope.begin() + 2) == std::vector<std::string>{"recursive", "recursive"});
+  CHECK(std::vector<std::string>(flag.begin(), flag.begin() + 2) == std::vector<std::string>{"OFLO", "INV"});
+  CHECK(std::vector<std::int64_t>(counted.begin(), counted.begin() + 2) == std::vector<std::int64_t>{1, 1});
+  CHECK(std::vector<std::int64_t>(first.begin(), first.begin() + 2) == std::vector<std::int64_t>{overflow.step, overflow.step});
+  CHECK(std::isnan(result[0]));  // NaN on overflow
+  CHECK(std::vector<std::string>(flag.begin() + 2, flag.begin() + 4) == std::vector<std::string>{"OFLO", ""});
+  // 1e5 overflows fp16 as it is rounded into the format: every term, first at k = 1.
+  CHECK(std::vector<std::string>(scope.begin() + 4, scope.begin() + 6) == std::vector<std::string>{"terms", "terms"});
+  CHECK(std::vector<std::int64_t>(counted.begin() + 4, counted.begin() + 6) == std::vector<std::int64_t>{100, 100});
+  CHECK(std::vector<std::int64_t>(first.begin() + 4, first.begin() + 6) == std::vector<std::int64_t>{1, 1});
+  CHECK(sweep_test::read_dataset<double>(nanoo, "fp_counts/first_operands")[2 * 2 * 2] == 1e5);  // [P, R, K, M] = [4, 1, 2, 2]
+  CHECK(std::vector<std::string>(flag.begin() + 6, flag.begin() + 8) == std::vector<std::string>{"OFLO", ""});
+}
+
+TEST_CASE("fp_exceptions: -j1 and -j2 write identical files, counts and traps included", "[sweep][cli][fp]") {
+  const std::string sweep = sweep_binary();
+  TempDir dir;
+  write_file(dir / "s.yaml", "experiment: summation\nseed: 8\nreplicas: 3\ngrid:\n  series: [uniform01, constant]\n"
+                             "  value: 1000\n  format: fp16\n  rounding: [rne, sr]\n  n: [50, 70, 3000]\n"
+                             "  algorithm: [recursive, kahan]\n  fp_exceptions: [count, trap]\n  nanoo: [false, true]\n");
+  REQUIRE(run_program(sweep, {"s.yaml", "-j", "1", "-o", "one.h5", "--quiet"}, dir.path().string()).status == 0);
+  REQUIRE(run_program(sweep, {"s.yaml", "-j", "2", "-o", "two.h5", "--quiet"}, dir.path().string()).status == 0);
+  CHECK(sweep_test::first_difference(dir / "one.h5", dir / "two.h5") == "");
+  // The sweep did trap and count somewhere (else the comparison proves little).
+  const auto trapped = sweep_test::read_dataset<std::uint8_t>(dir / "one.h5", "traps/trapped");
+  const auto counts = sweep_test::read_dataset<std::int64_t>(dir / "one.h5", "fp_counts/count");
+  CHECK(std::count(trapped.begin(), trapped.end(), 1) > 0);
+  CHECK(std::count_if(counts.begin(), counts.end(), [](std::int64_t c) { return c > 0; }) > 0);
 }

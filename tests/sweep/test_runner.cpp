@@ -1,7 +1,8 @@
 // The sweep runner in-process, against a test experiment registered here ("test_walk": a
 // random walk with a trace), so that every runner path can be driven deterministically:
 // grid order, typed /points, placement of each (point, replica) by its own stream,
-// NaN-padded traces, determinism across -j, interrupt and resume, experiment failures.
+// NaN-padded traces, determinism across -j, interrupt and resume, experiment failures,
+// counted and trapped floating-point exceptions (/fp_counts, /traps).
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -10,9 +11,12 @@
 #include <cstdio>
 #include <thread>
 
+#include "emu/arith.hpp"
+#include "emu/format.hpp"
 #include "emu/rng.hpp"
 #include "experiments/experiment.hpp"
 #include "experiments/sweep/cli.hpp"
+#include "experiments/sweep/h5file.hpp"
 #include "support.hpp"
 
 namespace {
@@ -54,6 +58,21 @@ RunResult run_walk(const Params& p, const RunEnv& env) {
     r.traces["walk"] = t;
   }
   r.flags = p.string("label") == "b" ? emu::INEXACT : 0;
+  // Floating-point exceptions through a real emu::Context: `counted` + replica overflowing
+  // fp16 products, each in its own scope s<k> (operands k+300 and 300, element k), so
+  // that runs count different numbers of rows; replica trap_replica traps on the same op
+  // in scope s0 (a real emu::FpException escaping the run).
+  emu::FpControl control;
+  control.counted = emu::OFLO | emu::INV;
+  if (static_cast<std::int64_t>(env.stream.replica) == p.integer("trap_replica")) control.traps = emu::OFLO;
+  emu::Context ctx(control);
+  const std::int64_t rows = p.integer("counted") + env.stream.replica;
+  for (std::int64_t k = 0; k < std::max<std::int64_t>(rows, control.traps ? 1 : 0); ++k) {
+    const emu::Scope scope(ctx, std::string("s").append(std::to_string(k)));  // append: gcc 12 -Wrestrict
+    ctx.set_element(k, {k / 2, k % 2});
+    (void)ctx.mul(emu::fp16(), static_cast<double>(k + 300), 300.0);
+  }
+  r.fp_counts = ctx.counts();
   return r;
 }
 
@@ -68,7 +87,9 @@ Experiment walk_experiment() {
   ParamSpec sleep{"sleep_ms", ParamType::integer, std::int64_t{0}, "sleep per run", {}, 0.0, {}, {}};
   ParamSpec scale = string_param("scale", "none", "a label whose spellings include numbers");
   scale.numbers_as_text = true;
-  e.params = {n, start, label, trace, sleep, scale};
+  e.params = {n, start, label, trace, sleep, scale,
+              int_param("counted", 0, "fp16 overflows counted per run, plus the replica index", 0, 100),
+              int_param("trap_replica", -1, "the replica whose run traps (-1: none)", -1, 100)};
   e.metrics = {{"final", "end of the walk"}, {"length", "points of the walk"}};
   e.headline_metric = "final";
   e.traces = {{"walk", "the walk", "step"}};
@@ -152,7 +173,10 @@ TEST_CASE("zip lists vary together, crossed with grid, after it", "[sweep]") {
 
 TEST_CASE("-j1 and -j2 write identical files", "[sweep]") {
   TempDir dir;
-  const std::string cfg = config(dir, "jobs", "seed: 3\nreplicas: 5\ngrid:\n  n: [1, 10, 100, 7, 3, 50]\n  label: [a, b]\n");
+  // With counts and traps, and the points with the fewest count rows slowest: under -j2
+  // the rows dimension grows in another order than under -j1.
+  const std::string cfg = config(dir, "jobs", "seed: 3\nreplicas: 5\ngrid:\n  n: [1, 10, 100, 7, 3, 50]\n  label: [a, b]\n"
+                                              "  trap_replica: [-1, 2]\nzip:\n  counted: [0, 3]\n  sleep_ms: [20, 0]\n");
   REQUIRE(run_sweep({cfg, "--quiet", "-j", "1", "-o", dir / "one.h5"}) == 0);
   REQUIRE(run_sweep({cfg, "--quiet", "-j", "2", "-o", dir / "two.h5"}) == 0);
   CHECK(sweep_test::first_difference(dir / "one.h5", dir / "two.h5") == "");
@@ -160,7 +184,8 @@ TEST_CASE("-j1 and -j2 write identical files", "[sweep]") {
 
 TEST_CASE("interrupt saves finished points; resume ends identical to an uninterrupted run", "[sweep]") {
   TempDir dir;
-  const std::string body = "seed: 11\nreplicas: 2\ngrid:\n  n: [3, 9, 27, 81]\n  start: [0, 1, 2, 3, 4]\n";
+  const std::string body = "seed: 11\nreplicas: 2\ngrid:\n  n: [3, 9, 27, 81]\n  start: [0, 1, 2, 3, 4]\n"
+                           "zip:\n  counted: [0, 2]\n  trap_replica: [-1, 1]\n";
   const std::string cfg = config(dir, "run", body);
   const std::string out = dir / "run.h5";
   g_interrupt_at_point = 5;
@@ -171,7 +196,7 @@ TEST_CASE("interrupt saves finished points; resume ends identical to an uninterr
   const auto done = sweep_test::read_dataset<std::uint8_t>(out, "done");
   const auto n_done = std::count(done.begin(), done.end(), 1);
   CHECK(n_done > 0);
-  CHECK(n_done < 20);
+  CHECK(n_done < 40);
 
   CHECK(run_sweep({cfg, "--quiet"}) == 2);  // partial without --resume
   REQUIRE(run_sweep({cfg, "--quiet", "--resume", "-j", "2"}) == 0);
@@ -288,4 +313,117 @@ TEST_CASE("trace_length is asked once per point while planning, not again while 
   g_trace_length_calls = 0;
   REQUIRE(run_sweep({cfg, "--quiet", "-j", "2"}) == 0);
   CHECK(g_trace_length_calls.load() == 4);
+}
+
+TEST_CASE("a trap is its run's outcome: metrics NaN, the report in /traps, the sweep goes on and exits 0", "[sweep][fp]") {
+  TempDir dir;
+  // Points: n x counted x trap_replica (last fastest); replica 1 of the odd points traps.
+  const std::string cfg = config(dir, "trap", "replicas: 3\ngrid:\n  n: [2, 3]\n  counted: [0, 2]\n  trap_replica: [-1, 1]\n");
+  REQUIRE(run_sweep({cfg, "--quiet", "-j", "2"}) == 0);
+  const std::string out = dir / "trap.h5";
+  CHECK(sweep_test::string_attribute(out, "/", "status") == "complete");
+  const auto final = sweep_test::read_dataset<double>(out, "metrics/final");
+  const auto trapped = sweep_test::read_dataset<std::uint8_t>(out, "traps/trapped");
+  const auto flag = sweep_test::string_dataset(out, "traps/flag");
+  const auto scope = sweep_test::string_dataset(out, "traps/scope");
+  const auto op = sweep_test::string_dataset(out, "traps/op");
+  const auto element = sweep_test::read_dataset<std::int64_t>(out, "traps/element");
+  const auto index = sweep_test::read_dataset<std::int64_t>(out, "traps/index");
+  const auto n_operands = sweep_test::read_dataset<std::int64_t>(out, "traps/n_operands");
+  const auto operands = sweep_test::read_dataset<double>(out, "traps/operands");
+  const auto result = sweep_test::read_dataset<double>(out, "traps/result");
+  const auto fp_sts = sweep_test::read_dataset<std::int64_t>(out, "traps/fp_sts");
+  const auto report = sweep_test::string_dataset(out, "traps/report");
+  const auto oflo = sweep_test::read_dataset<std::uint8_t>(out, "flags/OFLO");
+  CHECK(sweep_test::dataset_shape(out, "traps/operands") == std::vector<hsize_t>{8, 3, 2});
+  CHECK(sweep_test::dataset_shape(out, "traps/index") == std::vector<hsize_t>{8, 3, 4});
+  int n_trapped = 0;
+  for (std::size_t p = 0; p < 8; ++p)
+    for (std::size_t r = 0; r < 3; ++r) {
+      const std::size_t run = p * 3 + r;
+      INFO("point " << p << " replica " << r);
+      if (p % 2 == 1 && r == 1) {
+        ++n_trapped;
+        CHECK(trapped[run] == 1);
+        CHECK(std::isnan(final[run]));
+        CHECK(flag[run] == "OFLO");
+        CHECK(scope[run] == "s0");
+        CHECK(op[run] == "mul");
+        CHECK(element[run] == 0);
+        CHECK(std::vector<std::int64_t>(index.begin() + run * 4, index.begin() + run * 4 + 4) ==
+              std::vector<std::int64_t>{0, 0, -1, -1});
+        CHECK(n_operands[run] == 2);
+        CHECK(operands[run * 2] == 300);
+        CHECK(operands[run * 2 + 1] == 300);
+        CHECK(std::isinf(result[run]));  // 90000 overflows fp16 (max 65504): inf under IEEE overflow
+        CHECK(fp_sts[run] == 4);           // OFLO is bit 2 of $FP_STS
+        CHECK(report[run] == "floating-point trap: OFLO in s0: mul(300, 300) at element [0, 0] = inf");
+        CHECK(oflo[run] == 1);  // the sticky status at the trap
+      } else {
+        CHECK(trapped[run] == 0);
+        CHECK_FALSE(std::isnan(final[run]));
+        CHECK(flag[run] == "");
+        CHECK(element[run] == -1);
+        CHECK(std::isnan(result[run]));
+        CHECK(fp_sts[run] == 0);
+        CHECK(report[run] == "");
+      }
+    }
+  CHECK(n_trapped == 4);
+  const roundoff::sweep::SweepSummary summary = roundoff::sweep::read_summary(out);
+  CHECK(summary.trapped_runs == 4);
+  CHECK(summary.first_trap == "point 1 replica 1: floating-point trap: OFLO in s0: mul(300, 300) at element [0, 0] = inf");
+}
+
+TEST_CASE("counts: one row per (scope, op, flag) in the order first raised, placed by point and replica", "[sweep][fp]") {
+  TempDir dir;
+  const std::string cfg = config(dir, "counts", "replicas: 2\ngrid:\n  counted: [0, 3, 1]\n");
+  REQUIRE(run_sweep({cfg, "--quiet", "-j", "2"}) == 0);
+  const std::string out = dir / "counts.h5";
+  constexpr std::size_t kRows = 4;  // counted 3 + replica 1
+  CHECK(sweep_test::dataset_shape(out, "fp_counts/count") == std::vector<hsize_t>{3, 2, kRows});
+  CHECK(sweep_test::dataset_shape(out, "fp_counts/first_index") == std::vector<hsize_t>{3, 2, kRows, 4});
+  CHECK(sweep_test::dataset_shape(out, "fp_counts/first_operands") == std::vector<hsize_t>{3, 2, kRows, 2});
+  const auto scope = sweep_test::string_dataset(out, "fp_counts/scope");
+  const auto op = sweep_test::string_dataset(out, "fp_counts/op");
+  const auto flag = sweep_test::string_dataset(out, "fp_counts/flag");
+  const auto count = sweep_test::read_dataset<std::int64_t>(out, "fp_counts/count");
+  const auto first = sweep_test::read_dataset<std::int64_t>(out, "fp_counts/first_element");
+  const auto index = sweep_test::read_dataset<std::int64_t>(out, "fp_counts/first_index");
+  const auto n_operands = sweep_test::read_dataset<std::int64_t>(out, "fp_counts/n_operands");
+  const auto operands = sweep_test::read_dataset<double>(out, "fp_counts/first_operands");
+  const auto result = sweep_test::read_dataset<double>(out, "fp_counts/first_result");
+  const std::int64_t counted[] = {0, 3, 1};
+  for (std::size_t p = 0; p < 3; ++p)
+    for (std::size_t r = 0; r < 2; ++r)
+      for (std::size_t k = 0; k < kRows; ++k) {
+        const std::size_t row = (p * 2 + r) * kRows + k;
+        const auto kk = static_cast<std::int64_t>(k);
+        INFO("point " << p << " replica " << r << " row " << k);
+        if (kk < counted[p] + static_cast<std::int64_t>(r)) {
+          CHECK(scope[row] == std::string("s").append(std::to_string(k)));
+          CHECK(op[row] == "mul");
+          CHECK(flag[row] == "OFLO");
+          CHECK(count[row] == 1);
+          CHECK(first[row] == kk);
+          CHECK(std::vector<std::int64_t>(index.begin() + row * 4, index.begin() + row * 4 + 4) ==
+                std::vector<std::int64_t>{kk / 2, kk % 2, -1, -1});
+          CHECK(n_operands[row] == 2);
+          CHECK(operands[row * 2] == static_cast<double>(kk + 300));
+          CHECK(operands[row * 2 + 1] == 300);
+          CHECK(std::isinf(result[row]));
+        } else {  // unused: HDF5's fill values
+          CHECK(scope[row] == "");
+          CHECK(flag[row] == "");
+          CHECK(count[row] == 0);
+          CHECK(first[row] == -1);
+          CHECK(n_operands[row] == 0);
+          CHECK(std::isnan(operands[row * 2]));
+          CHECK(std::isnan(result[row]));
+        }
+      }
+  const roundoff::sweep::SweepSummary summary = roundoff::sweep::read_summary(out);
+  CHECK(summary.trapped_runs == 0);
+  CHECK(summary.counted_operations == std::map<std::string, std::uint64_t>{{"OFLO", 0 + 1 + 3 + 4 + 1 + 2}});
+  CHECK(summary.counted_runs == std::map<std::string, std::uint64_t>{{"OFLO", 5}});
 }
