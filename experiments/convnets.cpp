@@ -86,13 +86,13 @@ Tensor apply(Fp64 a, const GlobalPoolLayer&, const Tensor& x) { return global_av
 Tensor apply(Train a, DenseLayer& l, const Tensor& x) {
   const emu::Scope scope(a.e.ctx, l.name);
   l.input = x;
-  return dense(a.e, x, l.weight, l.bias);
+  return dense(a.e, x, l.weight, &l.bias, l.bias.value.size(), a.e.formats.act);
 }
 Tensor apply(Infer a, const DenseLayer& l, const Tensor& x) {
   const emu::Scope scope(a.e.ctx, l.name);
-  return dense(a.e, x, l.weight, l.bias);
+  return dense(a.e, x, l.weight, &l.bias, l.bias.value.size(), a.e.formats.act);
 }
-Tensor apply(Fp64 a, const DenseLayer& l, const Tensor& x) { return dense(a, x, l.weight, l.bias); }
+Tensor apply(Fp64 a, const DenseLayer& l, const Tensor& x) { return dense(a, x, l.weight, &l.bias, l.bias.value.size()); }
 
 // The residual addition, in act.
 Tensor residual_add(Train a, const Tensor& x, const Tensor& y) {
@@ -269,7 +269,7 @@ Tensor ConvNet::run(Fp64 a, Tensor x) const { return forward(*this, a, std::move
 void ConvNet::backward(Emulated& e, Tensor d) {
   {
     const emu::Scope scope(e.ctx, dense_.name);
-    d = dense_backward(e, dense_.input, d, dense_.weight, dense_.bias, true);
+    d = dense_backward(e, dense_.input, d, dense_.weight, &dense_.bias, true);
   }
   for (int b = 1; b >= 0; --b) {
     d = max_pool_backward(d, pool_[b].argmax, pool_[b].input);
@@ -345,7 +345,7 @@ Tensor ResNet::run(Fp64 a, Tensor x) const { return forward(*this, a, std::move(
 void ResNet::backward(Emulated& e, Tensor d) {
   {
     const emu::Scope scope(e.ctx, dense_.name);
-    d = dense_backward(e, dense_.input, d, dense_.weight, dense_.bias, true);
+    d = dense_backward(e, dense_.input, d, dense_.weight, &dense_.bias, true);
   }
   {
     const emu::Scope scope(e.ctx, "pool");

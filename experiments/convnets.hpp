@@ -74,6 +74,7 @@ class ImageModel : public Model {
   std::vector<double> logits(emu::Context& ctx, const std::vector<double>& x, std::size_t first_row) const override;
   Evaluation evaluate_fp64(const data::Dataset& d) const override;
   const ModelFormats& formats() const override { return formats_; }
+  Shape input_shape(std::size_t rows) const override { return Shape{rows, image_.c, image_.h, image_.w}; }
 
   // The arithmetics of the forward pass: training (batch statistics, saving what
   // backward needs), inference in the model's arithmetic (running statistics), and
@@ -96,7 +97,6 @@ class ImageModel : public Model {
   // From the gradient at the logits, sets every Param.grad.
   virtual void backward(Emulated& e, Tensor dlogits) = 0;
   std::size_t rows_per_chunk() const override { return 64; }
-  Shape input_shape(std::size_t rows) const { return Shape{rows, image_.c, image_.h, image_.w}; }
 
   Shape image_;  // n = 1
   std::size_t classes_;

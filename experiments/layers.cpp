@@ -210,37 +210,39 @@ Tensor conv2d(Fp64, const Tensor& x, const std::vector<double>& w, const ConvGeo
 
 // ---- Dense ---------------------------------------------------------------------------
 
-Tensor dense(Emulated& e, const Tensor& x, const Param& weight, const Param& bias) {
-  const std::size_t rows = x.shape.n, in = x.shape.per_sample(), out = bias.value.size();
-  Tensor z(Shape{rows, out, 1, 1});
-  for (std::size_t i = 0; i < rows; ++i)
-    for (std::size_t j = 0; j < out; ++j) z.v[i * out + j] = bias.value[j];
-  unit_gemm(e.ctx, e.unit, rows, out, in, x.v, weight.value, e.formats.act, z.v);
+Tensor dense(Emulated& e, const Tensor& x, const Param& weight, const Param* bias, std::size_t outputs,
+             const emu::Format& out) {
+  const std::size_t rows = x.shape.n, in = x.shape.per_sample();
+  Tensor z(Shape{rows, outputs, 1, 1});
+  if (bias)
+    for (std::size_t i = 0; i < rows; ++i)
+      for (std::size_t j = 0; j < outputs; ++j) z.v[i * outputs + j] = bias->value[j];
+  unit_gemm(e.ctx, e.unit, rows, outputs, in, x.v, weight.value, out, z.v);
   return z;
 }
 
-Tensor dense(Fp64, const Tensor& x, const Param& weight, const Param& bias) {
-  const std::size_t rows = x.shape.n, in = x.shape.per_sample(), out = bias.value.size();
-  Tensor z(Shape{rows, out, 1, 1});
+Tensor dense(Fp64, const Tensor& x, const Param& weight, const Param* bias, std::size_t outputs) {
+  const std::size_t rows = x.shape.n, in = x.shape.per_sample();
+  Tensor z(Shape{rows, outputs, 1, 1});
   for (std::size_t i = 0; i < rows; ++i)
-    for (std::size_t j = 0; j < out; ++j) {
-      double s = bias.value[j];
-      for (std::size_t k = 0; k < in; ++k) s += x.v[i * in + k] * weight.value[k * out + j];
-      z.v[i * out + j] = s;
+    for (std::size_t j = 0; j < outputs; ++j) {
+      double s = bias ? bias->value[j] : 0.0;
+      for (std::size_t k = 0; k < in; ++k) s += x.v[i * in + k] * weight.value[k * outputs + j];
+      z.v[i * outputs + j] = s;
     }
   return z;
 }
 
-Tensor dense_backward(Emulated& e, const Tensor& x, const Tensor& dz, Param& weight, Param& bias, bool need_dx) {
+Tensor dense_backward(Emulated& e, const Tensor& x, const Tensor& dz, Param& weight, Param* bias, bool need_dx) {
   emu::Context& ctx = e.ctx;
   const std::size_t rows = x.shape.n, in = x.shape.per_sample(), out = dz.shape.c;
-  {
+  if (bias) {
     const emu::Scope scope(ctx, "bias");
     for (std::size_t j = 0; j < out; ++j) {
       set_channel(ctx, j);
       double s = 0.0;
       for (std::size_t i = 0; i < rows; ++i) s = ctx.add(e.formats.grad, s, dz.v[i * out + j]);
-      bias.grad[j] = s;
+      bias->grad[j] = s;
     }
     ctx.clear_element();
   }
@@ -260,14 +262,10 @@ Tensor dense_backward(Emulated& e, const Tensor& x, const Tensor& dz, Param& wei
 
 // ---- Batch norm ------------------------------------------------------------------------
 
-namespace {
-
 double round_constant(const emu::Format& f, double v) {
   emu::Flags ignored = 0;
   return emu::round(f, v, emu::RoundSpec{}, nullptr, ignored);
 }
-
-}  // namespace
 
 BatchNormConstants BatchNormConstants::in(const emu::Format& bn_fwd) {
   return {round_constant(bn_fwd, kBnMomentum), round_constant(bn_fwd, 1.0 - kBnMomentum),

@@ -17,17 +17,9 @@
 #include "emu/amp.hpp"
 #include "emu/arith.hpp"
 #include "emu/unit.hpp"
-#include "mlp.hpp"
+#include "model.hpp"
 
 namespace roundoff::train {
-
-struct Shape {
-  std::size_t n = 0, c = 0, h = 1, w = 1;  // samples, channels, height, width
-  std::size_t spatial() const { return h * w; }
-  std::size_t per_sample() const { return c * h * w; }
-  std::size_t size() const { return n * c * h * w; }
-  friend bool operator==(const Shape&, const Shape&) = default;
-};
 
 struct Tensor {
   Shape shape;
@@ -55,6 +47,9 @@ struct Emulated {
 
 // The native fp64 arithmetic (no rounding beyond double's, no flags).
 struct Fp64 {};
+
+// A constant rounded into f (round to nearest even, no flags).
+double round_constant(const emu::Format& f, double v);
 
 // ---- Matrix products and convolutions through the unit ------------------------------
 
@@ -88,15 +83,17 @@ std::vector<double> conv2d_grad_weights(Emulated& e, const Tensor& x, const Tens
 
 Tensor conv2d(Fp64, const Tensor& x, const std::vector<double>& w, const ConvGeometry& g);
 
-// ---- Dense layer with bias: [N, D] (any shape, flattened per sample) -> [N, out] ------
+// ---- Dense layer: [N, D] (any shape, flattened per sample) -> [N, outputs] ------------
 
-// z = x W + bias through the unit (W: D x out, row-major), in the act format.
-Tensor dense(Emulated& e, const Tensor& x, const Param& weight, const Param& bias);
-Tensor dense(Fp64, const Tensor& x, const Param& weight, const Param& bias);
-// Sets weight.grad (D x out) and bias.grad (out) from dz [N, out] and returns dx (the
-// shape of x), all in the grad format: dbias_j = sum over samples in index order; dW =
-// x^T dz and dx = dz W^T through the unit. need_dx false: dx is not computed (empty).
-Tensor dense_backward(Emulated& e, const Tensor& x, const Tensor& dz, Param& weight, Param& bias, bool need_dx);
+// z = x W (+ bias) through the unit (W: D x outputs, row-major), rounded into `out`.
+Tensor dense(Emulated& e, const Tensor& x, const Param& weight, const Param* bias, std::size_t outputs,
+             const emu::Format& out);
+Tensor dense(Fp64, const Tensor& x, const Param& weight, const Param* bias, std::size_t outputs);
+// Sets weight.grad (D x outputs) and bias->grad (outputs) from dz [N, outputs] and returns
+// dx (the shape of x), all in the grad format: dbias_j = sum over samples in index order
+// (scope bias), dW = x^T dz (scope dw) and dx = dz W^T (scope dx) through the unit.
+// need_dx false: dx is not computed (empty).
+Tensor dense_backward(Emulated& e, const Tensor& x, const Tensor& dz, Param& weight, Param* bias, bool need_dx);
 
 // ---- Batch norm over (samples, positions) per channel --------------------------------
 

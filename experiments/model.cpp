@@ -9,6 +9,7 @@ namespace roundoff::train {
 
 Evaluation Model::evaluate(emu::Context& ctx, const data::Dataset& d) const {
   const std::size_t n = d.size(), features = d.features, classes = d.classes, chunk = rows_per_chunk();
+  const Shape all = input_shape(n);
   double loss_sum = 0.0;
   std::size_t correct = 0;
   std::vector<double> e;
@@ -17,9 +18,6 @@ Evaluation Model::evaluate(emu::Context& ctx, const data::Dataset& d) const {
     std::vector<double> x(rows * features);
     {
       const emu::Scope scope(ctx, "input");
-      const Shape all = d.is_image() ? Shape{n, static_cast<std::size_t>(d.channels), static_cast<std::size_t>(d.height),
-                                             static_cast<std::size_t>(d.width)}
-                                     : Shape{n, features, 1, 1};
       for (std::size_t k = 0; k < x.size(); ++k) {
         set_element(ctx, all, first * features + k);
         x[k] = ctx.convert(formats().act, d.x[first * features + k]);

@@ -1,5 +1,6 @@
-// The interface the Trainer drives: a model whose forward and backward passes round
-// every operation through emu (Mlp, ConvNet, ResNet).
+// What every trained model shares: its parameter tensors, the formats of its tensors,
+// and the interface the Trainer drives, a model whose forward and backward passes round
+// every operation through emu (Mlp in mlp.hpp, ConvNet and ResNet in convnets.hpp).
 #pragma once
 
 #include <cstddef>
@@ -8,9 +9,41 @@
 
 #include "datasets.hpp"
 #include "emu/arith.hpp"
-#include "mlp.hpp"
+#include "emu/format.hpp"
 
 namespace roundoff::train {
+
+struct Shape {
+  std::size_t n = 0, c = 0, h = 1, w = 1;  // samples, channels, height, width
+  std::size_t spatial() const { return h * w; }
+  std::size_t per_sample() const { return c * h * w; }
+  std::size_t size() const { return n * c * h * w; }
+  friend bool operator==(const Shape&, const Shape&) = default;
+};
+
+struct Param {
+  std::vector<double> value;         // in storage format
+  std::vector<double> master;        // fp32-master only
+  std::vector<double> compensation;  // fp16-kahan only
+  std::vector<double> m, v;          // optimiser state
+  std::vector<double> grad;          // the gradient as backward left it (times the loss scale)
+};
+
+// Formats of the model's tensors (parameters have their own ParamFormats).
+struct ModelFormats {
+  emu::Format act;     // activations (matmul inputs, BN outputs, logits)
+  emu::Format grad;    // activation and weight gradients
+  emu::Format loss;    // softmax, log-sum-exp, loss and its gradient
+  emu::Format bn_fwd;  // batch-norm arithmetic, forward (act, or fp32 with bn_fp32)
+  emu::Format bn_bwd;  // batch-norm arithmetic, backward (grad, or fp32 with bn_fp32)
+};
+
+struct Evaluation {
+  double loss = 0.0, accuracy = 0.0;
+};
+
+// Batch norm: eps = 1e-5; running statistics updated as PyTorch does, with momentum 0.1.
+inline constexpr double kBnEps = 1e-5, kBnMomentum = 0.1;
 
 // What a trainable tensor is to the Trainer: how it is initialised (weights He-normal
 // N(0, 2 / fan_in); biases and batch-norm shifts 0; batch-norm scales 1) and which
@@ -53,6 +86,9 @@ class Model {
   // models: forward order). Weights appear in forward order.
   virtual std::vector<ParamRef> params() = 0;
   virtual const ModelFormats& formats() const = 0;
+  // The shape of `rows` inputs: [rows, features] (as [rows, features, 1, 1]) for the MLP,
+  // [rows, C, H, W] for the convolutional models (elements of reported flags follow it).
+  virtual Shape input_shape(std::size_t rows) const = 0;
 
  protected:
   virtual std::size_t rows_per_chunk() const { return 256; }

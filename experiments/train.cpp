@@ -246,11 +246,12 @@ RunResult run_train(const Params& p, const RunEnv& env) {
   m["effective_lr"] = trainer.effective_lr();
   m["effective_lr_rel_err"] = trainer.effective_lr_error_max();
   std::uint64_t weights = 0, nonfinite = 0;
-  for (const Param& w : trainer.model().weights)
-    for (double v : w.value) {
-      ++weights;
-      if (!std::isfinite(v)) ++nonfinite;
-    }
+  for (const ParamRef& w : trainer.params())
+    if (w.role == ParamRole::weight)
+      for (double v : w.param->value) {
+        ++weights;
+        if (!std::isfinite(v)) ++nonfinite;
+      }
   m["frac_nonfinite_weights"] = static_cast<double>(nonfinite) / static_cast<double>(weights);
   for (const std::string& name : layer_names()) {
     m["frac_zero_grad_" + name] = kNaN;

@@ -117,8 +117,8 @@ TEST_CASE("dense, batch norm, pooling, ReLU and the loss: gradients equal finite
     w.grad.resize(w.value.size());
     b.grad.resize(3);
     const Tensor r = random_tensor(Shape{3, 3, 1, 1}, 7);
-    auto loss = [&] { return dot(r.v, dense(s.e, x, w, b).v); };
-    const Tensor dx = dense_backward(s.e, x, r, w, b, true);
+    auto loss = [&] { return dot(r.v, dense(s.e, x, w, &b, 3, emu::fp64()).v); };
+    const Tensor dx = dense_backward(s.e, x, r, w, &b, true);
     check_against_differences(w.value, w.grad, loss, "dw");
     check_against_differences(b.value, b.grad, loss, "dbias");
     check_against_differences(x.v, dx.v, loss, "dx");
