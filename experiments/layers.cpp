@@ -31,11 +31,20 @@ void set_channel(emu::Context& ctx, std::size_t c) {
   ctx.set_element(index, {index});
 }
 
+// Whether rounding v into f is exact and raises nothing: a finite value of f. Tensors
+// handed from layer to layer are mostly such values already (an activation in fp16 going
+// into an fp16 unit), and skipping their conversion keeps results and flags unchanged.
+bool finite_value_of(const emu::Format& f, double v) { return std::isfinite(v) && f.representable(v); }
+
 // Every value rounded into f (elements of shape s when given, else flat indices).
 std::vector<double> converted(const Emulated& e, const emu::Format& f, const std::vector<double>& v,
                               const Shape* s = nullptr) {
   std::vector<double> r(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) {
+    if (finite_value_of(f, v[i])) {
+      r[i] = v[i];
+      continue;
+    }
     if (s)
       set_element(e, *s, i);
     else
@@ -107,22 +116,20 @@ Shape conv_output(const Shape& in, const ConvGeometry& g) {
 // ---- Matrix products and convolutions --------------------------------------------------
 
 void unit_gemm(emu::Context& ctx, const emu::MatrixUnit& unit, std::size_t m, std::size_t n, std::size_t k,
-               const std::vector<double>& a, const std::vector<double>& b, const emu::Format& out,
-               std::vector<double>& c) {
+               std::vector<double> a, std::vector<double> b, const emu::Format& out, std::vector<double>& c) {
   ctx.clear_element();  // the unit reports its own elements, if any
   const emu::Format& in = unit.input_format();
-  auto as_input = [&](const std::vector<double>& v) {
-    std::vector<double> r(v);
-    for (double& x : r) x = ctx.convert(in, x);
-    return r;
+  auto into = [&](const emu::Format& f, std::vector<double>& v) {
+    for (double& x : v)
+      if (!finite_value_of(f, x)) x = ctx.convert(f, x);
   };
-  const std::vector<double> ai = as_input(a), bi = as_input(b);
+  into(in, a);
+  into(in, b);
   const emu::Format& unit_out = unit.output_format();
   c.resize(m * n);
-  for (double& x : c) x = ctx.convert(unit_out, x);
-  unit.gemm(ctx, m, n, k, ai.data(), k, bi.data(), n, c.data(), n);
-  if (!(unit_out == out))
-    for (double& x : c) x = ctx.convert(out, x);
+  into(unit_out, c);
+  unit.gemm(ctx, m, n, k, a.data(), k, b.data(), n, c.data(), n);
+  if (!(unit_out == out)) into(out, c);
 }
 
 Tensor conv2d(Emulated& e, const Tensor& x, const std::vector<double>& w, const ConvGeometry& g,
@@ -180,15 +187,21 @@ Tensor conv2d_grad_input(Emulated& e, const Tensor& dy, const std::vector<double
 std::vector<double> conv2d_grad_weights(Emulated& e, const Tensor& x, const Tensor& dy, const ConvGeometry& g) {
   const std::size_t kd = x.shape.c * g.kernel * g.kernel, positions = dy.shape.spatial(), o_count = dy.shape.c;
   const std::size_t m = x.shape.n * positions;
-  std::vector<double> col(m * kd), dyt(o_count * m);
+  // dW^T (C K K x O) = patches^T (C K K x N OH OW) times dy (N OH OW x O): the same
+  // products in the same order per element as dy^T times the patches, in the
+  // orientation the units' gemms run faster (few columns, long rows).
+  std::vector<double> col(positions * kd), patches_t(kd * m), dy_rows(m * o_count);
   for (std::size_t n = 0; n < x.shape.n; ++n) {
-    im2col(x, n, g, dy.shape.h, dy.shape.w, col.data() + n * positions * kd);
+    im2col(x, n, g, dy.shape.h, dy.shape.w, col.data());
+    for (std::size_t q = 0; q < positions; ++q)
+      for (std::size_t r = 0; r < kd; ++r) patches_t[r * m + n * positions + q] = col[q * kd + r];
     for (std::size_t o = 0; o < o_count; ++o)
-      for (std::size_t q = 0; q < positions; ++q) dyt[o * m + n * positions + q] = dy.v[(n * o_count + o) * positions + q];
+      for (std::size_t q = 0; q < positions; ++q)
+        dy_rows[(n * positions + q) * o_count + o] = dy.v[(n * o_count + o) * positions + q];
   }
-  std::vector<double> dw(o_count * kd, 0.0);
-  unit_gemm(e.ctx, e.unit, o_count, kd, m, dyt, col, e.formats.grad, dw);
-  return dw;
+  std::vector<double> dw_t(kd * o_count, 0.0);
+  unit_gemm(e.ctx, e.unit, kd, o_count, m, std::move(patches_t), std::move(dy_rows), e.formats.grad, dw_t);
+  return transpose(dw_t, kd, o_count);
 }
 
 Tensor conv2d(Fp64, const Tensor& x, const std::vector<double>& w, const ConvGeometry& g) {

@@ -57,8 +57,7 @@ double round_constant(const emu::Format& f, double v);
 // a and b rounded into the unit's input format, c into its output format, the unit's
 // result rounded into `out` (each conversion under the context).
 void unit_gemm(emu::Context& ctx, const emu::MatrixUnit& unit, std::size_t m, std::size_t n, std::size_t k,
-               const std::vector<double>& a, const std::vector<double>& b, const emu::Format& out,
-               std::vector<double>& c);
+               std::vector<double> a, std::vector<double> b, const emu::Format& out, std::vector<double>& c);
 
 // y = conv(x, w), rounded into `out`. x and w are rounded into the unit's input format
 // first. ipu-amp and ipu-amp-half: emu::amp_conv2d with the unit's AMP configuration
@@ -77,8 +76,8 @@ Tensor conv2d_grad_input(Emulated& e, const Tensor& dy, const std::vector<double
                          const Shape& x_shape);
 // The gradient of the weights, dW[o][r] = sum over (n, y, x) of dy[n][o][y][x] times
 // patch(n, y, x)[r] (r as in conv2d's im2col), in the grad format: one gemm through the
-// unit, O x (C K K) = dy^T (O x N OH OW) times the patches (N OH OW x C K K), the
-// reduction over samples and positions in the order n, y, x.
+// unit, (C K K) x O = the patches transposed (C K K x N OH OW) times dy (N OH OW x O),
+// the reduction over samples and positions in the order n, y, x.
 std::vector<double> conv2d_grad_weights(Emulated& e, const Tensor& x, const Tensor& dy, const ConvGeometry& g);
 
 Tensor conv2d(Fp64, const Tensor& x, const std::vector<double>& w, const ConvGeometry& g);

@@ -556,11 +556,10 @@ double Trainer::frac_values_changed() const {
   return values ? static_cast<double>(changed) / static_cast<double>(values) : 0.0;
 }
 
-double Trainer::frac_changed(const Param& p) const {
+std::uint64_t Trainer::values_changed(const Param& p) const {
   for (std::size_t t = 0; t < params_.size(); ++t)
-    if (params_[t].param == &p)
-      return p.value.empty() ? 0.0 : static_cast<double>(changed_values(t)) / static_cast<double>(p.value.size());
-  throw std::logic_error("Trainer::frac_changed: not a parameter of this model");
+    if (params_[t].param == &p) return changed_values(t);
+  throw std::logic_error("Trainer::values_changed: not a parameter of this model");
 }
 
 Evaluation Trainer::evaluate(const data::Dataset& d, const char* scope) {

@@ -267,8 +267,9 @@ class Trainer {
   // Fraction of the trainable values (weights, biases, batch-norm gamma and beta)
   // whose stored state (the master copy for fp32-master) differs from its initial value.
   double frac_values_changed() const;
-  // The same for one tensor (the master copy for fp32-master); NaN counts as changed.
-  double frac_changed(const Param& p) const;
+  // The number of one tensor's values whose stored state differs from its initial value
+  // (NaN counts as changed). Throws std::logic_error for a tensor not in params().
+  std::uint64_t values_changed(const Param& p) const;
 
  private:
   TrainSpec spec_;
@@ -306,13 +307,18 @@ template <std::size_t N>
 std::vector<std::string> names_of(const char* const (&list)[N]) {
   return {std::begin(list), std::end(list)};
 }
-// data, samples, features, classes, noise, test_fraction:
+// data, samples, features, classes, noise, test_fraction, train_samples, test_samples:
 std::vector<ParamSpec> data_param_specs();
 // layers, width1, width2, epochs, batch, lr:
 std::vector<ParamSpec> run_param_specs();
-// The data and split, standardised. Repeats check_data_and_batch (cheap: files are
-// cached) and throws BadInput if a data file changed or vanished since check_point.
-std::shared_ptr<const data::Split> prepare_data(const Params& p, std::uint64_t seed);
+// How prepare_data standardises: per feature (data::standardise, for the MLP) or per
+// channel of images (data::standardise_channels, for the convolutional models).
+enum class Standardisation { per_feature, per_channel };
+// The data and split (a file's own test split where it has one, else test_fraction),
+// cut to train_samples and test_samples, standardised. Repeats check_data_and_batch
+// (cheap: files are cached) and throws BadInput if a data file changed or vanished since
+// check_point.
+std::shared_ptr<const data::Split> prepare_data(const Params& p, std::uint64_t seed, Standardisation how);
 // check_point's part for data, test_fraction and batch: validates a data file (once per
 // path; see data::load_h5), and that both splits are non-empty and batch <= the
 // training split. "" when fine, else one line naming the file or parameter.
