@@ -3,8 +3,12 @@
 // single thread, as samples/s and as a ratio to the same model written in plain float32
 // C++ and trained on the same data in the same run; then the cost of fp_exceptions: count
 // (a training step counting over the same step with it off, trained in turn, per unit and
-// loss scaling, up to overflows in every step). Times are thread CPU time, so that other
-// work on a shared machine does not enter the ratios. Never fails on speed.
+// loss scaling, up to overflows in every step); then the convolutional models (convnet
+// with 16 and 16 channels, ResNet-8 of width 16) on 28x28 images per unit, against the
+// same models in float32 with im2col + sgemm (benchmarks/float_convnets.hpp), and the
+// projected time of one Fashion-MNIST epoch of the convnet on ipu-amp. Times are thread
+// CPU time, so that other work on a shared machine does not enter the ratios. Never
+// fails on speed.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -21,6 +25,7 @@
 #include "emu/unit.hpp"
 #include "experiments/datasets.hpp"
 #include "experiments/mlp.hpp"
+#include "float_convnets.hpp"
 
 namespace {
 
@@ -45,6 +50,7 @@ double cpu_seconds() {
 class Throughput {
  public:
   static constexpr int kChunkSteps = 30;
+  explicit Throughput(int batch = kBatch) : batch_(batch) {}
   void add_step(double seconds) {
     total_ += seconds;
     chunk_ += seconds;
@@ -55,10 +61,11 @@ class Throughput {
   }
   int steps() const { return steps_; }
   double cpu_seconds() const { return total_; }
-  double mean() const { return steps_ * kBatch / total_; }
-  double best() const { return steps_ < kChunkSteps ? mean() : kChunkSteps * kBatch / best_chunk_; }
+  double mean() const { return steps_ * batch_ / total_; }
+  double best() const { return steps_ < kChunkSteps ? mean() : kChunkSteps * batch_ / best_chunk_; }
 
  private:
+  int batch_;
   int steps_ = 0;
   double total_ = 0.0, chunk_ = 0.0, best_chunk_ = 1e300;
 };
@@ -225,11 +232,13 @@ struct Measured {
   double first_loss = 0.0, last_loss = 0.0;  // mean batch loss, first and last epoch's worth of steps
 };
 
-// Steps a Trainer until kMaxSteps or kStepCpuBudget, timing step() alone.
-Measured measure_trainer(roundoff::train::Trainer& trainer) {
-  Measured m;
+// Steps a Trainer until max_steps or kStepCpuBudget (at least min_steps), timing step()
+// alone.
+Measured measure_trainer(roundoff::train::Trainer& trainer, int batch = kBatch, int min_steps = kMinSteps,
+                         int max_steps = kMaxSteps) {
+  Measured m{Throughput(batch)};
   std::vector<double> losses;
-  while (m.rate.steps() < kMaxSteps && (m.rate.steps() < kMinSteps || m.rate.cpu_seconds() < kStepCpuBudget)) {
+  while (m.rate.steps() < max_steps && (m.rate.steps() < min_steps || m.rate.cpu_seconds() < kStepCpuBudget)) {
     const double start = cpu_seconds();
     losses.push_back(trainer.step().loss);
     m.rate.add_step(cpu_seconds() - start);
@@ -269,6 +278,100 @@ void report_counting(const std::shared_ptr<const Split>& data, roundoff::train::
               static_cast<unsigned long long>(counted / static_cast<std::uint64_t>(count_rate.steps())),
               same_losses ? "yes" : "NO");
   std::fflush(stdout);
+}
+
+// The first 2048 training images of Fashion-MNIST if results/fashion_mnist.h5 exists,
+// else random normal images of the same shape with random labels (speed does not depend
+// on the pixels), standardised per channel.
+std::shared_ptr<const Split> load_images(std::string& source) {
+  const std::string path = "results/fashion_mnist.h5";
+  Split s;
+  if (std::filesystem::exists(path)) {
+    const auto file = roundoff::data::load_h5(path);
+    s = Split{roundoff::data::first_samples(file->samples, 2048), roundoff::data::first_samples(*file->test, 256)};
+    source = path + ", the first 2048 training images";
+  } else {
+    roundoff::data::Dataset d;
+    d.channels = 1;
+    d.height = d.width = 28;
+    d.features = 784;
+    d.classes = 10;
+    std::mt19937 gen(kSeed);
+    std::normal_distribution<float> normal;
+    d.x.resize(2304 * 784);
+    for (float& v : d.x) v = normal(gen);
+    for (int i = 0; i < 2304; ++i) d.y.push_back(i % 10);
+    s = roundoff::data::split(d, 256.0 / 2304.0, kSeed);
+    source = "random 28x28 images (" + path + " not found: run /usr/bin/python3 scripts/make_fashion_mnist_h5.py)";
+  }
+  roundoff::data::standardise_channels(s);
+  return std::make_shared<const Split>(std::move(s));
+}
+
+// Images/s of the float32 reference model, training on the images in batches.
+Throughput run_float_conv(floatref::Net& net, const roundoff::data::Dataset& train, int batch, int steps) {
+  Throughput rate(batch);
+  const int per_epoch = static_cast<int>(train.size()) / batch;
+  for (int s = 0; s < steps; ++s) {
+    const std::size_t first = static_cast<std::size_t>(s % per_epoch) * batch;
+    const double start = cpu_seconds();
+    net.step(&train.x[first * train.features], &train.y[first], batch, static_cast<float>(kLearningRate));
+    rate.add_step(cpu_seconds() - start);
+  }
+  return rate;
+}
+
+// Throughput of one convolutional model per unit against its float32 reference.
+void bench_conv_model(const std::shared_ptr<const Split>& images, roundoff::train::ModelKind kind) {
+  using roundoff::train::ModelKind;
+  const bool resnet = kind == ModelKind::resnet;
+  const int batch = resnet ? 16 : kBatch;
+  const roundoff::data::Dataset& train = images->train;
+  std::unique_ptr<floatref::Net> net;
+  if (resnet)
+    net = std::make_unique<floatref::ResNet>(train.channels, train.height, train.width, train.classes, 1, 16, kSeed);
+  else
+    net = std::make_unique<floatref::ConvNet>(train.channels, train.height, train.width, train.classes, 16, 16, kSeed);
+  run_float_conv(*net, train, batch, 5);  // warm-up
+  const Throughput float_rate = run_float_conv(*net, train, batch, resnet ? 60 : 120);
+  std::printf("\n%s, batch %d, SGD lr %.2f: float32 reference (%s): %.0f images/s (%.0f best %d-step chunk)\n",
+              resnet ? "ResNet-8 (N = 1, width 16)" : "convnet (16 and 16 channels)", batch, kLearningRate,
+              floatref::gemm_name(), float_rate.mean(), float_rate.best(), Throughput::kChunkSteps);
+  std::printf("%-16s %6s %11s %10s %24s\n", "unit", "steps", "images/s", "emu/float", "loss first -> last steps");
+  roundoff::train::TrainSpec spec;
+  spec.model = kind;
+  spec.conv_width1 = spec.conv_width2 = 16;
+  spec.resnet_blocks = 1;
+  spec.resnet_width = 16;
+  spec.batch = batch;
+  spec.lr = kLearningRate;
+  roundoff::train::parse_loss_scale("128", spec);
+  auto report = [&](const std::string& label) {
+    try {
+      roundoff::train::Trainer trainer(spec, images, kSeed, 0, emu::StreamId{kSeed, 0, 0, 3});
+      const Measured m = measure_trainer(trainer, batch, 2, 60);
+      std::printf("%-16s %6d %11.1f %10.4f %14.4f -> %.4f\n", label.c_str(), m.rate.steps(), m.rate.mean(),
+                  m.rate.mean() / float_rate.mean(), m.first_loss, m.last_loss);
+      if (kind == ModelKind::convnet && label == "ipu-amp") {
+        const double per_step = m.rate.cpu_seconds() / m.rate.steps();
+        const double steps = 60000.0 / batch;
+        std::printf("    one Fashion-MNIST epoch (60,000 images, %.0f steps) of convnet on ipu-amp: %.0f s = %.1f min "
+                    "at this rate;\n    a run is single-threaded, so all cores give that epoch the same wall time "
+                    "(they run other points and replicas alongside)\n",
+                    steps, per_step * steps, per_step * steps / 60);
+      }
+    } catch (const std::invalid_argument& e) {
+      std::printf("%-16s not available: %s\n", label.c_str(), e.what());
+    }
+    std::fflush(stdout);
+  };
+  spec.rule = roundoff::train::UpdateRule::fp32;
+  report("fp32 baseline");
+  spec.rule = roundoff::train::UpdateRule::fp32_master;
+  for (const char* const* name = emu::unit_names(); *name; ++name) {
+    spec.unit = *name;
+    report(*name);
+  }
 }
 
 }  // namespace
@@ -350,5 +453,13 @@ int main(int argc, char** argv) {
                 emu::amp_gemm_is_vectorised(ctx, emu::amp_config(emu::PartialsType::float32)) ? "yes" : "no");
   }
   std::printf("\n");
+  // The convolutional models, per unit, against float32 im2col + sgemm.
+  std::string image_source;
+  const std::shared_ptr<const Split> images = load_images(image_source);
+  std::printf("\nConvolutional models: images/s, single thread, per unit (update fp32-master, fp16 weights, activations\n"
+              "and gradients, loss scale 128; 'fp32 baseline' = update fp32 on fp32-seq), against the same model in\n"
+              "plain float32 code. Data: %s\n", image_source.c_str());
+  bench_conv_model(images, roundoff::train::ModelKind::convnet);
+  bench_conv_model(images, roundoff::train::ModelKind::resnet);
   return 0;
 }

@@ -179,6 +179,19 @@ void Context::count(Flags counted, const char* op, std::initializer_list<double>
   }
 }
 
+void Context::absorb(const Context& other) {
+  status_ |= other.status_;
+  for (const OpCount& c : other.counts_) {
+    auto key = std::make_tuple(c.scope, c.op, c.flag);
+    if (const auto it = count_index_.find(key); it != count_index_.end()) {
+      counts_[it->second].count += c.count;
+      continue;
+    }
+    count_index_.emplace(std::move(key), counts_.size());
+    counts_.push_back(c);
+  }
+}
+
 void Context::raise(Flags raised, const char* op, std::initializer_list<double> operands, double result) {
   status_ |= raised;
   if (const Flags counted = raised & control.counted) count(counted, op, operands, result);

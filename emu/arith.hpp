@@ -69,6 +69,11 @@ class Context {
 
   // The counted flags, one entry per (scope, op, flag) in the order first raised.
   const std::vector<OpCount>& counts() const { return counts_; }
+  // Adds the sticky status and the counts of a context that ran part of this one's work
+  // (e.g. a copy on another thread) as if this context had run it after its own: the
+  // flags join the status, counts of the same (scope, op, flag) add up (the first
+  // element stays this context's), new ones are appended in their order.
+  void absorb(const Context& other);
   void clear_counts() {
     counts_.clear();
     count_index_.clear();

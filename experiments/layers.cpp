@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
 #include <stdexcept>
+
+#include <tbb/parallel_for.h>
 
 namespace roundoff::train {
 
@@ -83,6 +86,26 @@ void im2col(const Tensor& x, std::size_t n, const ConvGeometry& g, std::size_t o
     }
 }
 
+// Runs body(item, context) for every item in [0, n), in parallel on copies of ctx whose
+// status and counts are merged back in item order (Context::absorb), so that the
+// result is that of running the items in order on ctx itself. Stochastic rounding needs
+// its random bits in order and a trap must stop at the first trapping operation: then
+// the items run in order on ctx. Items must write disjoint outputs.
+template <class Body>
+void for_each_item(emu::Context& ctx, std::size_t n, const Body& body) {
+  if (n < 2 || ctx.control.traps != 0 || ctx.control.effective_rounding() == emu::Rounding::sr) {
+    for (std::size_t i = 0; i < n; ++i) body(i, ctx);
+    return;
+  }
+  std::vector<emu::Context> parts(n, ctx);
+  tbb::parallel_for(std::size_t{0}, n, [&](std::size_t i) {
+    parts[i].clear_status();
+    parts[i].clear_counts();
+    body(i, parts[i]);
+  });
+  for (const emu::Context& part : parts) ctx.absorb(part);
+}
+
 bool is_amp(const emu::MatrixUnit& unit) {
   return unit.kind() == emu::UnitKind::ipu_amp || unit.kind() == emu::UnitKind::ipu_amp_half;
 }
@@ -137,26 +160,33 @@ Tensor conv2d(Emulated& e, const Tensor& x, const std::vector<double>& w, const 
   emu::Context& ctx = e.ctx;
   const Shape ys = conv_output(x.shape, g);
   const emu::Format& in = e.unit.input_format();
-  const std::vector<double> xi = converted(e, in, x.v, &x.shape), wi = converted(e, in, w);
+  Tensor xi(x.shape);
+  xi.v = converted(e, in, x.v, &x.shape);
+  const std::vector<double> wi = converted(e, in, w);
   Tensor y(ys);
   const emu::Format& unit_out = e.unit.output_format();
+  const std::size_t per_in = x.shape.per_sample(), per_out = ys.per_sample();
+  // One image per item (images are independent; the unit computes them in order).
   if (is_amp(e.unit)) {
     const auto partials = e.unit.kind() == emu::UnitKind::ipu_amp_half ? emu::PartialsType::half
                                                                         : emu::PartialsType::float32;
-    y.v = emu::amp_conv2d(ctx, emu::amp_config(partials, in, unit_out), conv_shape(x.shape, g), xi, wi);
+    const emu::AmpConfig cfg = emu::amp_config(partials, in, unit_out);
+    const emu::Conv2dShape one = conv_shape(Shape{1, x.shape.c, x.shape.h, x.shape.w}, g);
+    for_each_item(ctx, x.shape.n, [&](std::size_t n, emu::Context& c) {
+      const std::span<const double> image(xi.v.data() + n * per_in, per_in);
+      const std::vector<double> out_n = emu::amp_conv2d(c, cfg, one, image, wi);
+      std::copy(out_n.begin(), out_n.end(), y.v.begin() + static_cast<std::ptrdiff_t>(n * per_out));
+    });
   } else {
     const std::size_t kd = x.shape.c * g.kernel * g.kernel, positions = ys.spatial(), o_count = ys.c;
     const std::vector<double> wt = transpose(wi, o_count, kd);  // kd x O
-    std::vector<double> col(positions * kd), c(positions * o_count);
-    Tensor xin(x.shape);
-    xin.v = xi;
-    for (std::size_t n = 0; n < x.shape.n; ++n) {
-      im2col(xin, n, g, ys.h, ys.w, col.data());
-      std::fill(c.begin(), c.end(), 0.0);
-      e.unit.gemm(ctx, positions, o_count, kd, col.data(), kd, wt.data(), o_count, c.data(), o_count);
+    for_each_item(ctx, x.shape.n, [&](std::size_t n, emu::Context& c) {
+      std::vector<double> col(positions * kd), out_n(positions * o_count, 0.0);
+      im2col(xi, n, g, ys.h, ys.w, col.data());
+      e.unit.gemm(c, positions, o_count, kd, col.data(), kd, wt.data(), o_count, out_n.data(), o_count);
       for (std::size_t o = 0; o < o_count; ++o)
-        for (std::size_t q = 0; q < positions; ++q) y.v[(n * o_count + o) * positions + q] = c[q * o_count + o];
-    }
+        for (std::size_t q = 0; q < positions; ++q) y.v[(n * o_count + o) * positions + q] = out_n[q * o_count + o];
+    });
   }
   if (!(unit_out == out)) y.v = converted(e, out, y.v, &ys);
   return y;
@@ -199,8 +229,19 @@ std::vector<double> conv2d_grad_weights(Emulated& e, const Tensor& x, const Tens
       for (std::size_t q = 0; q < positions; ++q)
         dy_rows[(n * positions + q) * o_count + o] = dy.v[(n * o_count + o) * positions + q];
   }
+  // In row blocks of kGradientRows, each one gemm through the unit (rows are independent;
+  // the blocks are fixed, so the results do not depend on the threads).
+  constexpr std::size_t kGradientRows = 16;
+  const emu::Format& in = e.unit.input_format();
+  patches_t = converted(e, in, patches_t);
+  dy_rows = converted(e, in, dy_rows);
   std::vector<double> dw_t(kd * o_count, 0.0);
-  unit_gemm(e.ctx, e.unit, kd, o_count, m, std::move(patches_t), std::move(dy_rows), e.formats.grad, dw_t);
+  for_each_item(e.ctx, (kd + kGradientRows - 1) / kGradientRows, [&](std::size_t block, emu::Context& c) {
+    const std::size_t first = block * kGradientRows, rows = std::min(kGradientRows, kd - first);
+    e.unit.gemm(c, rows, o_count, m, patches_t.data() + first * m, m, dy_rows.data(), o_count,
+                dw_t.data() + first * o_count, o_count);
+  });
+  if (!(e.unit.output_format() == e.formats.grad)) dw_t = converted(e, e.formats.grad, dw_t);
   return transpose(dw_t, kd, o_count);
 }
 
@@ -288,7 +329,6 @@ BatchNormConstants BatchNormConstants::in(const emu::Format& bn_fwd) {
 Tensor batch_norm_train(Emulated& e, const Tensor& z, const Param& gamma, const Param& beta,
                         std::vector<double>& running_mean, std::vector<double>& running_var,
                         const BatchNormConstants& k, BatchNormSaved& saved) {
-  emu::Context& ctx = e.ctx;
   const Shape& s = z.shape;
   const std::size_t spatial = s.spatial(), per = s.per_sample();
   const double count = static_cast<double>(s.n * spatial);
@@ -296,7 +336,9 @@ Tensor batch_norm_train(Emulated& e, const Tensor& z, const Param& gamma, const 
   saved.xhat.resize(z.v.size());
   saved.inv_std.resize(s.c);
   Tensor h(s);
-  for (std::size_t c = 0; c < s.c; ++c) {
+  // One channel per item: channels are independent.
+  for_each_item(e.ctx, s.c, [&](std::size_t c, emu::Context& ctx) {
+    const Emulated ec{ctx, e.formats, e.unit, e.first_sample};
     set_channel(ctx, c);
     double sum = 0.0;
     for (std::size_t n = 0; n < s.n; ++n)
@@ -317,35 +359,35 @@ Tensor batch_norm_train(Emulated& e, const Tensor& z, const Param& gamma, const 
     for (std::size_t n = 0; n < s.n; ++n)
       for (std::size_t q = 0; q < spatial; ++q) {
         const std::size_t i = n * per + c * spatial + q;
-        set_element(e, s, i);
+        set_element(ec, s, i);
         saved.xhat[i] = ctx.mul(bn, ctx.sub(bn, z.v[i], mean), inv_std);
         h.v[i] = ctx.fma(e.formats.act, gamma.value[c], saved.xhat[i], beta.value[c]);
       }
-  }
-  ctx.clear_element();
+    ctx.clear_element();
+  });
   return h;
 }
 
 Tensor batch_norm_infer(Emulated& e, const Tensor& z, const Param& gamma, const Param& beta,
                         const std::vector<double>& running_mean, const std::vector<double>& running_var,
                         const BatchNormConstants& k) {
-  emu::Context& ctx = e.ctx;
   const Shape& s = z.shape;
   const std::size_t spatial = s.spatial(), per = s.per_sample();
   const emu::Format& bn = e.formats.bn_fwd;
   Tensor h(s);
-  for (std::size_t c = 0; c < s.c; ++c) {
+  for_each_item(e.ctx, s.c, [&](std::size_t c, emu::Context& ctx) {
+    const Emulated ec{ctx, e.formats, e.unit, e.first_sample};
     set_channel(ctx, c);
     const double inv_std = ctx.div(bn, 1.0, ctx.sqrt(bn, ctx.add(bn, running_var[c], k.eps)));
     for (std::size_t n = 0; n < s.n; ++n)
       for (std::size_t q = 0; q < spatial; ++q) {
         const std::size_t i = n * per + c * spatial + q;
-        set_element(e, s, i);
+        set_element(ec, s, i);
         const double xhat = ctx.mul(bn, ctx.sub(bn, z.v[i], running_mean[c]), inv_std);
         h.v[i] = ctx.fma(e.formats.act, gamma.value[c], xhat, beta.value[c]);
       }
-  }
-  ctx.clear_element();
+    ctx.clear_element();
+  });
   return h;
 }
 
@@ -366,19 +408,19 @@ Tensor batch_norm_infer(Fp64, const Tensor& z, const Param& gamma, const Param& 
 }
 
 Tensor batch_norm_backward(Emulated& e, const Tensor& dy, const BatchNormSaved& saved, Param& gamma, Param& beta) {
-  emu::Context& ctx = e.ctx;
   const Shape& s = dy.shape;
   const std::size_t spatial = s.spatial(), per = s.per_sample(), count = s.n * spatial;
   const double batch_size = static_cast<double>(count);
   const emu::Format& bn = e.formats.bn_bwd;
   Tensor dz(s);
-  std::vector<double> dxhat(count);
   auto at = [&](std::size_t c, std::size_t m) { return m / spatial * per + c * spatial + m % spatial; };
-  for (std::size_t c = 0; c < s.c; ++c) {
+  for_each_item(e.ctx, s.c, [&](std::size_t c, emu::Context& ctx) {
+    const Emulated ec{ctx, e.formats, e.unit, e.first_sample};
+    std::vector<double> dxhat(count);
     double dgamma = 0.0, dbeta = 0.0, sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
     for (std::size_t m = 0; m < count; ++m) {
       const std::size_t i = at(c, m);
-      set_element(e, s, i);
+      set_element(ec, s, i);
       dgamma = ctx.fma(bn, dy.v[i], saved.xhat[i], dgamma);
       dbeta = ctx.add(bn, dbeta, dy.v[i]);
       dxhat[m] = ctx.mul(bn, dy.v[i], gamma.value[c]);
@@ -393,13 +435,13 @@ Tensor batch_norm_backward(Emulated& e, const Tensor& dy, const BatchNormSaved& 
     // dz = inv_std * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
     for (std::size_t m = 0; m < count; ++m) {
       const std::size_t i = at(c, m);
-      set_element(e, s, i);
+      set_element(ec, s, i);
       const double centred =
           ctx.sub(bn, ctx.sub(bn, dxhat[m], mean_dxhat), ctx.mul(bn, saved.xhat[i], mean_dxhat_xhat));
       dz.v[i] = ctx.mul(e.formats.grad, saved.inv_std[c], centred);
     }
-  }
-  ctx.clear_element();
+    ctx.clear_element();
+  });
   return dz;
 }
 

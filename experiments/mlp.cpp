@@ -368,9 +368,17 @@ emu::Format format_or(const std::string& name, const emu::Format& fallback) {
 }
 
 // The run's exception settings with a given rounding.
-emu::FpControl control_with(emu::FpControl control, emu::Rounding rounding) {
+emu::FpControl control_with(emu::FpControl control, emu::Rounding rounding, bool esr = false) {
   control.rounding = rounding;
+  control.esr = esr;
   return control;
+}
+
+// The stream of the training context's stochastic rounding under esr: the rounding
+// stream's lane 4 (lane 3 is the update rule's).
+emu::StreamId esr_stream(emu::StreamId rounding_stream) {
+  rounding_stream.lane = 4;
+  return rounding_stream;
 }
 
 }  // namespace
@@ -380,15 +388,16 @@ Trainer::Trainer(const TrainSpec& spec, std::shared_ptr<const data::Split> data,
     : spec_(spec),
       data_(std::move(data)),
       formats_{emu::fp32(), emu::fp32(), emu::fp32(), emu::fp32(), emu::fp32()},
-      ctx_(control_with(spec.fp_control, emu::Rounding::rne)),
+      ctx_(control_with(spec.fp_control, emu::Rounding::rne, spec.esr), emu::Rng(esr_stream(rounding_stream))),
       sr_ctx_(control_with(spec.fp_control, emu::Rounding::sr), emu::Rng(rounding_stream)),
       order_rng_(emu::StreamId{seed, 0, replica, 2}) {
   const bool baseline = spec.rule == UpdateRule::fp32;
   ParamFormats weight_formats{emu::fp32(), emu::fp32(), emu::fp32(), emu::fp32()};
   if (!baseline) {
     const emu::Format act = emu::format_by_name(spec.act_format), grad = emu::format_by_name(spec.grad_format);
-    formats_ = ModelFormats{act, grad, emu::format_by_name(spec.loss_format), spec.bn_fp32 ? emu::fp32() : act,
-                            spec.bn_fp32 ? emu::fp32() : grad};
+    const bool bn_arith_fp32 = spec.bn_fp32 || spec.bn_arith_fp32;
+    formats_ = ModelFormats{act, grad, emu::format_by_name(spec.loss_format), bn_arith_fp32 ? emu::fp32() : act,
+                            bn_arith_fp32 ? emu::fp32() : grad};
     const emu::Format storage = emu::format_by_name(spec.weight_format);
     const emu::Format master = emu::format_by_name(spec.master_format);
     const emu::Format arith = spec.rule == UpdateRule::fp32_master ? master : storage;

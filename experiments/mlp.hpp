@@ -178,7 +178,10 @@ struct TrainSpec {
   int epochs = 5, batch = 32;
   std::string weight_format = "fp16", act_format = "fp16", grad_format = "fp16", state_format = "auto",
               master_format = "fp32", loss_format = "fp32";
-  bool bn_fp32 = false;
+  bool bn_fp32 = false;  // batch-norm arithmetic, parameters and running statistics in fp32
+  // Batch-norm arithmetic (statistics, normalisation, backward reductions) in fp32, its
+  // parameters in their usual formats (bn_format: fp32).
+  bool bn_arith_fp32 = false;
   LossScaleKind loss_scale = LossScaleKind::none;
   double scale = 1.0;  // constant S, or dynamic's initial S
   std::int64_t scale_interval = 2000;
@@ -191,9 +194,13 @@ struct TrainSpec {
   // parameters under bn_fp32).
   std::string unscale_format = "auto";
   // What every context of the run (training and evaluation) does with floating-point
-  // exceptions: traps, counted and overflow (with_fp_exceptions); its rounding is
-  // ignored (round to nearest, stochastic where the update rule says so).
+  // exceptions: traps, counted and overflow (with_fp_exceptions); its rounding and esr
+  // are ignored (round to nearest, stochastic where the update rule or `esr` says so).
   emu::FpControl fp_control{};
+  // The IPU's $FP_CTL.ESR during training: every operation of the training steps rounds
+  // stochastically (emu::FpControl::esr), drawing from the rounding stream's lane 4;
+  // evaluation rounds to nearest.
+  bool esr = false;
 };
 inline constexpr const char* kUnscaleFormatNames[] = {"auto", "fp32", "compute"};
 
@@ -218,7 +225,8 @@ struct StepResult {
 // permutation of the training split per epoch; the last incomplete batch is dropped.
 // Random streams: initial weights (seed, 0, replica, 1) and batch order (seed, 0,
 // replica, 2) do not depend on the grid point, so points differ only in arithmetic;
-// stochastic rounding uses `rounding_stream`. Initialisation: weights He-normal N(0,
+// stochastic rounding uses `rounding_stream` (lane 3 for the update rule, lane 4 for
+// esr). Initialisation: weights He-normal N(0,
 // 2 / fan_in) drawn in forward order, batch-norm scales 1, shifts and biases 0.
 // Scopes of the counts and traps: init, forward.*, loss, backward.* (the model's
 // forward_backward), update.<tensor> (the model's parameter names: l<k>, l<L>.bias,

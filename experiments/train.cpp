@@ -270,6 +270,7 @@ RunResult run_train(const Params& p, const RunEnv& env) {
   spec.master_format = p.string("master_format");
   spec.loss_format = p.string("loss_format");
   spec.bn_fp32 = p.boolean("bn_fp32");
+  spec.bn_arith_fp32 = p.string("bn_format") == "fp32";
   parse_loss_scale(p.string("loss_scale"), spec);
   if (spec.loss_scale == LossScaleKind::dynamic) spec.scale = p.real("ls_init");
   spec.scale_interval = p.integer("ls_interval");
@@ -278,6 +279,7 @@ RunResult run_train(const Params& p, const RunEnv& env) {
   spec.unscale_lr = p.string("unscale") == "lr";
   spec.unscale_format = p.string("unscale_format");
   spec.fp_control = with_fp_exceptions(emu::FpControl{}, p);
+  spec.esr = p.string("esr") == "on";
   const std::int64_t hist_every = p.integer("hist_every");
 
   const Standardisation how =
@@ -443,6 +445,12 @@ Experiment make_train() {
       bool_param("bn_fp32", false,
                  "batch-norm arithmetic, parameters and running statistics in fp32 (false: in act_format forward, "
                  "grad_format backward)"),
+      string_param("bn_format", "auto",
+                   "batch-norm arithmetic (statistics, normalisation, backward reductions): auto = act_format forward "
+                   "and grad_format backward, or fp32 with the parameters still in their formats, as libraries compute "
+                   "a half-precision batch norm (popnn's batchNormStatistics reduces with float partials by default; "
+                   "cuDNN keeps float statistics); bn_fp32 implies fp32",
+                   {"auto", "fp32"}),
       loss_scale_param(),
       real_param("ls_init", 65536.0, "dynamic: initial loss scale", 0.0),
       int_param("ls_interval", 2000, "dynamic: clean steps before the scale grows", 1, 1e12),
@@ -456,6 +464,13 @@ Experiment make_train() {
                    "(grad_format; fp32 for batch-norm parameters under bn_fp32)",
                    names_of(kUnscaleFormatNames)),
       int_param("hist_every", 0, "record gradient histograms every k steps (0 = never)", 0, 1e9),
+      string_param("esr", "off",
+                   "the IPU's stochastic rounding ($FP_CTL.ESR) during training: on = every operation of the "
+                   "training steps rounds stochastically into its format (conversions, batch norm, loss, the "
+                   "AMP's fp16 partials and results, unscaling, the optimiser and the weight update, so fp16-rn "
+                   "updates round stochastically too); the tensor cores keep their own rounding; the evaluation "
+                   "rounds to nearest",
+                   {"off", "on"}),
   };
   e.params.insert(e.params.end(), more.begin(), more.end());
   for (ParamSpec& s : fp_exception_params()) e.params.push_back(std::move(s));

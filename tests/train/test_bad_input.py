@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Bad input to the training experiments, through the real sweep binary: every class of
-bad data file, unit/format combinations a unit refuses, and a batch larger than the
-training split must stop the sweep before any run (exit status 2, one line on stderr
+bad data file, unit/format combinations a unit refuses, a batch larger than the
+training split, and data the convolutional models cannot take (flat samples, images too
+small, a test split of another shape) must stop the sweep before any run (exit status 2, one line on stderr
 naming the config, the point, the file and the reason), never as "this is a bug" (1).
 Also: loss_scale takes a plain YAML number.
 
@@ -126,6 +127,41 @@ def main():
                    "batch 1639 is larger than the training split")
         expect_bad(d, "empty test split", "experiment: train\ngrid:\n  samples: 20\n  test_fraction: 0.01\n",
                    "leaves an empty training or test split")
+
+        # The convolutional models: images only, large enough; a file's own test split
+        # must match its training images; a missing shipped data file names its script.
+        images = rng.randn(40, 1, 6, 6).astype(np.float32)
+        labels = (np.arange(40) % 3).astype(np.int64)
+        write(os.path.join(d, "images.h5"), x=images, y=labels)
+        write(os.path.join(d, "tiny_images.h5"), x=rng.randn(40, 1, 3, 3).astype(np.float32), y=labels)
+        write(os.path.join(d, "split_mismatch.h5"), x=images, y=labels,
+              x_test=rng.randn(10, 2, 6, 6).astype(np.float32), y_test=labels[:10])
+        write(os.path.join(d, "x_test_only.h5"), x=images, y=labels, x_test=images[:10])
+        conv = "experiment: train\ngrid:\n  data: %s\n  model: %s\n  update: fp16-rn\n  epochs: 1\n  batch: 8\n"
+        expect_bad(d, "convnet on flat data", conv % ("good.h5", "convnet"),
+                   "data file 'good.h5'", "model convnet needs images x [N, C, H, W]", "flat samples x [N, 4]")
+        expect_bad(d, "resnet on synthetic data", conv % ("synthetic", "resnet"),
+                   "model resnet needs images: data must be an HDF5 file with x [N, C, H, W]")
+        expect_bad(d, "convnet on 3x3 images", conv % ("tiny_images.h5", "convnet"),
+                   "model convnet needs images of at least 4x4", "data file 'tiny_images.h5' holds [1, 3, 3]")
+        expect_bad(d, "test split of other shape", conv % ("split_mismatch.h5", "convnet"),
+                   "data file 'split_mismatch.h5'", "x_test's samples are [2, 6, 6] but x's are [1, 6, 6]")
+        expect_bad(d, "x_test without y_test", conv % ("x_test_only.h5", "convnet"),
+                   "has 'x_test' without 'y_test'")
+        expect_bad(d, "missing fashion_mnist.h5", conv % ("results/fashion_mnist.h5", "convnet"),
+                   "data file 'results/fashion_mnist.h5': no such file (create it with: /usr/bin/python3 "
+                   "scripts/make_fashion_mnist_h5.py results/fashion_mnist.h5)")
+        expect_bad(d, "conv: unit refuses format", conv % ("images.h5", "convnet") + "  unit: ipu-amp\n  act_format: bf16\n",
+                   "unit ipu-amp does not accept act_format bf16")
+        expect_bad(d, "conv: batch > train_samples", conv % ("images.h5", "resnet") + "  train_samples: 6\n",
+                   "batch 8 is larger than the training split: 6 of the 40 samples in data file 'images.h5'",
+                   "train_samples 6")
+        # The good image file runs with both models (exit 0).
+        code, _, err = run(d, conv % ("images.h5", "[convnet, resnet]") + "  width1: 2\n  width2: 2\n  resnet_width: 2\n")
+        if code != 0:
+            failures.append("images with convnet and resnet: exit %d: %s" % (code, err.strip()))
+        else:
+            print("ok   convnet and resnet on images")
 
         # loss_scale as a plain YAML number is the same as its quoted text.
         code, _, err = run(d, "experiment: train\ngrid:\n  samples: 100\n  epochs: 1\n  update: fp16-rn\n"
