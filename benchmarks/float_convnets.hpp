@@ -35,6 +35,13 @@ inline void gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a
 #endif
 }
 
+// OpenBLAS on one thread, as the emulated models (and thread CPU time) assume.
+inline void use_one_thread() {
+#ifdef ROUNDOFF_HAVE_OPENBLAS
+  openblas_set_num_threads(1);
+#endif
+}
+
 inline const char* gemm_name() {
 #ifdef ROUNDOFF_HAVE_OPENBLAS
   return "im2col + OpenBLAS sgemm";

@@ -34,7 +34,7 @@ grid:
   batch: 16
   epochs: 1
   fp_exceptions: count
-  loss_scale: "1024"
+  loss_scale: "16777216"
   hist_every: 2
 zip:
   model: [convnet, convnet, resnet, resnet]
@@ -110,7 +110,7 @@ def main():
             if not np.all(np.isfinite(acc)):
                 failures.append("a run did not finish: final_test_acc %s" % acc.tolist())
             if a["fp_counts/count"].size == 0:
-                failures.append("loss scale 1024 in fp16 raised no counted flag: the counts were not exercised")
+                failures.append("loss scale 2^24 in fp16 raised no counted flag: the counts were not exercised")
             if a["traces/bn_scale_std"].shape[2] != 7:
                 failures.append("bn_scale_std holds %d layers, not 7 (ResNet-8)" % a["traces/bn_scale_std"].shape[2])
     if failures:
