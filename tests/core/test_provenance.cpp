@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "emu/arith.hpp"
+#include "host_flags.hpp"
 
 namespace {
 
@@ -291,13 +292,7 @@ double host_div(double a, double b, emu::Flags& flags) {
   volatile double x = a, y = b;
   std::feclearexcept(FE_ALL_EXCEPT);
   volatile double q = x / y;
-  const int fe = std::fetestexcept(FE_ALL_EXCEPT);
-  flags = 0;
-  if (fe & FE_INVALID) flags |= emu::INV;
-  if (fe & FE_DIVBYZERO) flags |= emu::DIV0;
-  if (fe & FE_OVERFLOW) flags |= emu::OFLO;
-  if (fe & FE_UNDERFLOW) flags |= emu::UFLO;
-  if (fe & FE_INEXACT) flags |= emu::INEXACT;
+  flags = host_flags::from_fenv(std::fetestexcept(FE_ALL_EXCEPT));
   return q;
 }
 

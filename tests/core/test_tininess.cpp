@@ -29,6 +29,7 @@
 #include "emu/arith.hpp"
 #include "emu/format.hpp"
 #include "emu/round.hpp"
+#include "host_flags.hpp"
 #include "reference.hpp"
 
 namespace {
@@ -50,28 +51,8 @@ unsigned host_rc(Rounding m) {
   }
 }
 
-constexpr unsigned kMxcsrFlags = 0x3f, kMxcsrRounding = 0x6000, kMxcsrFtz = 0x8000, kMxcsrDaz = 0x0040;
-
-// MXCSR's IEEE flags as emu's (the denormal-operand bit 0x02 is not one).
-emu::Flags mxcsr_flags(unsigned mxcsr) {
-  emu::Flags f = 0;
-  if (mxcsr & 0x01) f |= emu::INV;
-  if (mxcsr & 0x04) f |= emu::DIV0;
-  if (mxcsr & 0x08) f |= emu::OFLO;
-  if (mxcsr & 0x10) f |= emu::UFLO;
-  if (mxcsr & 0x20) f |= emu::INEXACT;
-  return f;
-}
-
-emu::Flags fenv_flags(int fe) {
-  emu::Flags f = 0;
-  if (fe & FE_INVALID) f |= emu::INV;
-  if (fe & FE_DIVBYZERO) f |= emu::DIV0;
-  if (fe & FE_OVERFLOW) f |= emu::OFLO;
-  if (fe & FE_UNDERFLOW) f |= emu::UFLO;
-  if (fe & FE_INEXACT) f |= emu::INEXACT;
-  return f;
-}
+using host_flags::kMxcsrFlags;
+constexpr unsigned kMxcsrRounding = 0x6000, kMxcsrFtz = 0x8000, kMxcsrDaz = 0x0040;
 
 // Runs op with MXCSR set to the mode (and FTZ) and its flags cleared; restores MXCSR
 // before returning, so emu never runs under another mode. The empty asm statements in
@@ -82,24 +63,16 @@ auto on_host(Rounding mode, bool flush, emu::Flags& flags, Op op) {
   _mm_setcsr((saved & ~(kMxcsrFlags | kMxcsrRounding | kMxcsrFtz | kMxcsrDaz)) | (host_rc(mode) << 13) |
              (flush ? kMxcsrFtz : 0u));
   const auto r = op();
-  flags = mxcsr_flags(_mm_getcsr());
+  flags = host_flags::from_mxcsr(_mm_getcsr());
   _mm_setcsr(saved);
   return r;
 }
 
-float host_mul(float a, float b, Rounding mode, bool flush, emu::Flags& flags) {
+template <typename T>  // float or double: SSE multiplication
+T host_mul(T a, T b, Rounding mode, bool flush, emu::Flags& flags) {
   return on_host(mode, flush, flags, [&] {
     asm volatile("" : "+x"(a), "+x"(b));
-    float c = a * b;
-    asm volatile("" : "+x"(c));
-    return c;
-  });
-}
-
-double host_mul(double a, double b, Rounding mode, bool flush, emu::Flags& flags) {
-  return on_host(mode, flush, flags, [&] {
-    asm volatile("" : "+x"(a), "+x"(b));
-    double c = a * b;
+    T c = a * b;
     asm volatile("" : "+x"(c));
     return c;
   });
@@ -138,7 +111,7 @@ double host_to_double(long double x, Rounding mode, emu::Flags& flags) {
   REQUIRE(std::fesetround(modes[host_rc(mode)]) == 0);
   std::feclearexcept(FE_ALL_EXCEPT);
   volatile double out = static_cast<double>(in);
-  flags = fenv_flags(std::fetestexcept(FE_ALL_EXCEPT));
+  flags = host_flags::from_fenv(std::fetestexcept(FE_ALL_EXCEPT));
   std::fesetround(FE_TONEAREST);
   return out;
 }
