@@ -20,7 +20,10 @@
 //     looks only at the integer sum (its bits below the output's last place decide, the
 //     sign for ru and rd): the bits cut at alignment are gone, as in the hardware, and
 //     only raise INEXACT. Native fp8 with fp32 output first truncates the sum to 13
-//     fraction bits (an e8m13 result).
+//     fraction bits (an e8m13 result). UFLO (emu's flag; the hardware has none) is
+//     decided on the exact sum, before rounding, whatever the context's tininess;
+//     overflow and the flush of an output without subnormals go through emu::round
+//     under the context, and so follow its overflow policy and tininess.
 // For K > block_size the blocks are chained in index order: c <- block(a_j, b_j, c), each
 // intermediate rounded into the output format. NaN and infinity follow IEEE 754 over the
 // whole dot product (any NaN, inf - inf or 0 * inf gives NaN with INV; otherwise an

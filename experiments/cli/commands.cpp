@@ -156,7 +156,8 @@ Units: v100 t4 a100 ada l40s h100 h200 b200 (tensor cores), ipu-amp, ipu-amp-hal
 exact (rounded once), fp32-seq, fp16-seq (sequential fused multiply-add).
 --rounding and the other rounding options set the context; units with a fixed
 rounding (tensor cores) ignore it. --tininess (see emu round --help) applies to the
-roundings under the context and to the rounding of the inputs.
+roundings under the context and to the rounding of the inputs (the tensor cores'
+adder decides its own UFLO before rounding).
 JSON fields: unit, in, out, format (the output format, that of value and bits),
 rounding, value, bits, flags, input_flags.
 )HELP";
