@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -149,7 +150,11 @@ int largest_exponent(const double* t, int n) {
 // the roundings with their flags.
 class AmpRun {
  public:
-  AmpRun(Context& ctx, const AmpConfig& cfg) : ctx_(ctx), cfg_(cfg), accumulator_(fp32()) {}
+  AmpRun(Context& ctx, const AmpConfig& cfg)
+      : ctx_(ctx), cfg_(cfg), accumulator_(fp32()),
+        defer_inexact_(((ctx.control.counted | ctx.control.traps) & INEXACT) == 0) {}
+
+  Context& context() const { return ctx_; }
 
   double dot(std::size_t k, const double* a, std::size_t sa, const double* b, std::size_t sb, double c) {
     const std::size_t per_pass = static_cast<std::size_t>(cfg_.products_per_pass());
@@ -266,15 +271,17 @@ class AmpRun {
 
   // Rounds into f: fp32 with the accumulator's rounding, narrower formats under the
   // context (RNE, or SR when esr is set). RNE results in f's normal range take the fast
-  // path, whose only flag, INEXACT (never trapped), is collected and raised in one go
-  // before the next general rounding and at the end of the dot product.
+  // path, whose only flag, INEXACT, is collected and raised in one go before the next
+  // general rounding and at the end of the dot product (the element's), unless the
+  // context counts or traps INEXACT: then every rounding raises its own, with its
+  // operand and result.
   double round_into(const Format& f, const Exact& x, double operand, Flags raised) {
     const bool accumulator_width = f.precision() >= accumulator_.precision();
     const Rounding mode = accumulator_width && cfg_.accumulator_rounding ? *cfg_.accumulator_rounding
                                                                         : ctx_.control.effective_rounding();
     double result = 0;
     bool inexact = false;
-    if (raised == 0 && mode == Rounding::rne && round_nearest_even_normal(f, x, result, inexact)) {
+    if (raised == 0 && mode == Rounding::rne && defer_inexact_ && round_nearest_even_normal(f, x, result, inexact)) {
       inexact_pending_ |= inexact;
       return result;
     }
@@ -319,6 +326,7 @@ class AmpRun {
   Context& ctx_;
   const AmpConfig& cfg_;
   const Format& accumulator_;  // the fp32 the running value is rounded into
+  const bool defer_inexact_;
   bool inexact_pending_ = false;
 };
 
@@ -348,8 +356,19 @@ class AmpRun {
 //     rounding, INEXACT iff the value changed; fp16 likewise (F16C, RNE given in the
 //     instruction), after checking that the fp32 value is zero or a normal fp16 one.
 //  4. A lane that fails a check redoes that phase through AmpRun, the exact model,
-//     which raises its own flags. Without traps flags are a set, so results and flags
-//     are those of AmpRun; tests/amp/test_amp_fast.cpp compares the two.
+//     which raises its own flags, with the lane's element (row, column) set first.
+//     Without traps flags are a set, so results and flags are those of AmpRun;
+//     tests/amp/test_amp_fast.cpp compares the two.
+//  5. Counting (FpControl::counted): the kernel visits the elements tile by tile and
+//     phase by phase, not in gemm's row-major order, so the lanes it hands to AmpRun
+//     raise their flags out of order. With counting on, AmpRun runs on a scratch
+//     context; after each lane's call its counts are folded into ElementOrderCounts
+//     (each element once per (scope, op, flag), the least element first) and at the
+//     end added to the caller's context in the order of their first elements: the
+//     counts the row-major exact path records. INEXACT and UFLO cannot be counted
+//     this way (the kernel raises INEXACT once per call, without an element): counting
+//     either of them takes the exact path; OFLO, DIV0 and INV only ever come from the
+//     exact model, so counting them keeps the vectorised path.
 // Builds without AVX2, FMA and F16C take the exact path.
 namespace fast {
 
@@ -432,10 +451,73 @@ struct TilePhase {
   double max_sum_ratio;  // max sum |b| / 2^(LB+26)
 };
 
+// The counts of lanes that ran through the exact model, gathered per (scope, op, flag)
+// and added to the caller's context in element order (step 5 above).
+class ElementOrderCounts {
+ public:
+  explicit ElementOrderCounts(std::size_t elements) : elements_(elements) {}
+
+  // Takes the counts of one lane's call (one element) from the scratch context.
+  void fold(Context& scratch) {
+    for (const OpCount& c : scratch.counts()) {
+      auto same = [&](const Entry& e) { return e.first.flag == c.flag && e.first.op == c.op && e.first.scope == c.scope; };
+      auto it = std::find_if(entries_.begin(), entries_.end(), same);
+      if (it == entries_.end()) {
+        entries_.push_back(Entry{c, sequence_++, 0, std::vector<bool>(elements_, false)});
+        it = entries_.end() - 1;
+      } else if (c.first_element.flat < it->first.first_element.flat) {
+        it->first = c;
+        it->order = sequence_++;
+      }
+      const auto flat = static_cast<std::size_t>(c.first_element.flat);
+      if (!it->seen[flat]) {
+        it->seen[flat] = true;
+        ++it->elements;
+      }
+    }
+    scratch.clear_counts();
+  }
+
+  void commit(Context& ctx) {
+    std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) {
+      if (a.first.first_element.flat != b.first.first_element.flat)
+        return a.first.first_element.flat < b.first.first_element.flat;
+      return a.order < b.order;  // one element's flags in the order it raised them
+    });
+    for (Entry& e : entries_) {
+      e.first.count = e.elements;
+      ctx.add_count(e.first);
+    }
+    entries_.clear();
+  }
+
+ private:
+  struct Entry {
+    OpCount first;         // the least element's count, as its lane raised it
+    std::uint64_t order;   // when `first` was taken
+    std::uint64_t elements;
+    std::vector<bool> seen;  // per element of the gemm
+  };
+  std::size_t elements_;
+  std::vector<Entry> entries_;
+  std::uint64_t sequence_ = 0;
+};
+
+// The control of the scratch context that counting lanes run on: the caller's, with
+// its scope.
+Context scratch_context(const Context& ctx) {
+  Context scratch(ctx.control);
+  if (!ctx.scope().empty()) scratch.push_scope(ctx.scope());
+  return scratch;
+}
+
 class Gemm {
  public:
   Gemm(Context& ctx, const AmpConfig& cfg, std::size_t m, std::size_t n, std::size_t k)
-      : cfg_(cfg), run_(ctx, cfg), m_(m), n_(n), k_(k), phases_((k + kPhase - 1) / kPhase),
+      : cfg_(cfg), ctx_(ctx),
+        scratch_(ctx.control.counted != 0 ? std::optional<Context>(scratch_context(ctx)) : std::nullopt),
+        counts_(ctx.control.counted != 0 ? m * n : 0), run_(scratch_ ? *scratch_ : ctx, cfg), m_(m), n_(n), k_(k),
+        phases_((k + kPhase - 1) / kPhase),
         tiles_((n + kTile - 1) / kTile),
         chunk_(static_cast<std::size_t>(cfg.phases_per_pass) *
                ((kChunkPhases + static_cast<std::size_t>(cfg.phases_per_pass) - 1) /
@@ -465,6 +547,10 @@ class Gemm {
     }
     if (inexact_) run_.note_inexact();
     run_.flush_inexact();
+    if (scratch_) {  // the scratch's flags and counts into the caller's context
+      counts_.commit(ctx_);
+      if (const Flags rest = scratch_->status() & ~ctx_.control.counted) ctx_.raise_flags(rest, "amp", {});
+    }
     return true;
   }
 
@@ -564,12 +650,26 @@ class Gemm {
       }
       if (repaired && p == pass_end(p - 1)) {
         output_rounded = p == phases_;
-        end_pass(running, width, output_rounded ? cfg_.output : cfg_.partials);
+        end_pass(running, i, first_column, width, output_rounded ? cfg_.output : cfg_.partials);
         repaired = false;
       }
     }
     if (end == phases_ && !output_rounded && !same_layout(cfg_.output, cfg_.partials))
-      end_pass(running, width, cfg_.output);
+      end_pass(running, i, first_column, width, cfg_.output);
+  }
+
+  // Runs one lane's call of the exact model as element (i, j), and collects its counts.
+  template <typename Call>
+  double exact_lane(std::size_t i, std::size_t j, Call call) {
+    Context& ctx = run_.context();
+    double result;
+    {
+      const ElementGuard element(ctx, static_cast<std::int64_t>(i * n_ + j),
+                                 {static_cast<std::int64_t>(i), static_cast<std::int64_t>(j)});
+      result = call();
+    }
+    if (scratch_ && !scratch_->counts().empty()) counts_.fold(*scratch_);
+    return result;
   }
 
   // Phases [p, end) (within one chunk) of row i over one tile, without calls so that
@@ -651,14 +751,16 @@ class Gemm {
     for (std::size_t l = 0; l < width; ++l)
       running[l] = std::bit_cast<std::uint64_t>(failed_fine_[l]) != 0
                        ? failed_next_[l]
-                       : run_.phase(running[l], phase_length(p), A + i * lda + start, 1,
-                                    B + start * ldb + first_column + l, ldb);
+                       : exact_lane(i, first_column + l, [&] {
+                           return run_.phase(running[l], phase_length(p), A + i * lda + start, 1,
+                                             B + start * ldb + first_column + l, ldb);
+                         });
   }
 
   // The rounding into the pass's output format: the identity on values of the partials
   // format that are zero or normal, fp32 to fp16 for an f16v4sihoamp last pass, the
   // exact model for the rest.
-  void end_pass(double* values, std::size_t width, const Format& out) {
+  void end_pass(double* values, std::size_t i, std::size_t first_column, std::size_t width, const Format& out) {
     const bool to_half = is_fp16(out) && !is_fp16(cfg_.partials);
     const auto min_normal = static_cast<float>(out.min_normal()), max_finite = static_cast<float>(out.max_finite());
     for (std::size_t start = 0; start < width; start += kLanes) {
@@ -668,7 +770,7 @@ class Gemm {
       _mm_store_ps(half, to_fp16(single));
       for (std::size_t l = start; l < std::min(width, start + kLanes); ++l) {
         if ((fine >> (l - start) & 1) == 0) {
-          values[l] = run_.end_pass(values[l], out);
+          values[l] = exact_lane(i, first_column + l, [&] { return run_.end_pass(values[l], out); });
         } else if (to_half) {
           inexact_ |= half[l - start] != values[l];
           values[l] = half[l - start];
@@ -678,6 +780,9 @@ class Gemm {
   }
 
   const AmpConfig& cfg_;
+  Context& ctx_;
+  std::optional<Context> scratch_;  // where AmpRun runs when the caller counts (step 5)
+  ElementOrderCounts counts_;
   AmpRun run_;
   std::size_t m_, n_, k_, phases_, tiles_;
   std::size_t chunk_;  // phases per chunk: whole passes, at least kChunkPhases
@@ -696,7 +801,8 @@ bool applies(const Context& ctx, const AmpConfig& cfg) {
   return is_fp16(cfg.input) && cfg.alignment_bits == AmpConfig::kExactPhase && cfg.round_each_phase &&
          cfg.products_per_phase == static_cast<int>(kPhase) &&
          cfg.accumulator_rounding.value_or(context_rounding) == Rounding::rne &&
-         (!narrow || context_rounding == Rounding::rne) && ctx.control.traps == 0 && host_rounds_to_nearest();
+         (!narrow || context_rounding == Rounding::rne) && ctx.control.traps == 0 &&
+         (ctx.control.counted & (INEXACT | UFLO)) == 0 && host_rounds_to_nearest();
 }
 
 // C = A B + C through the fast path; false, with nothing done, where it does not apply.
@@ -739,8 +845,11 @@ class AmpUnit final : public MatrixUnit {
       for (std::size_t j = 0; j < n; ++j) columns[j * k + q] = B[q * ldb + j];
     AmpRun run(ctx, cfg_);
     for (std::size_t i = 0; i < m; ++i)
-      for (std::size_t j = 0; j < n; ++j)
+      for (std::size_t j = 0; j < n; ++j) {
+        const ElementGuard element(ctx, static_cast<std::int64_t>(i * n + j),
+                                   {static_cast<std::int64_t>(i), static_cast<std::int64_t>(j)});
         C[i * ldc + j] = run.dot(k, A + i * lda, 1, columns.data() + j * k, 1, C[i * ldc + j]);
+      }
   }
 
  private:
@@ -863,6 +972,9 @@ std::vector<double> amp_conv2d(Context& ctx, const AmpConfig& cfg, const Conv2dS
           }
         for (std::size_t o = 0; o < s.out_channels; ++o) {
           const std::size_t at = ((n * s.out_channels + o) * oh + y) * ow + x;
+          const ElementGuard element(ctx, static_cast<std::int64_t>(at),
+                                     {static_cast<std::int64_t>(n), static_cast<std::int64_t>(o),
+                                      static_cast<std::int64_t>(y), static_cast<std::int64_t>(x)});
           out[at] = run.dot(k, patch.data(), 1, w.data() + o * k, 1, partials_in.empty() ? 0.0 : partials_in[at]);
         }
       }

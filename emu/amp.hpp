@@ -120,9 +120,11 @@ std::unique_ptr<MatrixUnit> make_amp_unit(const AmpConfig& cfg);
 
 // Whether gemm takes its vectorised path under ctx: a build with AVX2, FMA and F16C;
 // fp16 inputs; exact phases (alignment_bits -1) of 4 products rounded after every phase;
-// every rounding RNE; no traps; the host rounding to nearest without flushing
+// every rounding RNE; no traps; INEXACT and UFLO not counted (counting OFLO, DIV0 and
+// INV keeps it: emu/amp.cpp, step 5); the host rounding to nearest without flushing
 // subnormals. It also needs, checked per call, fp16 values in A and B and fp32 values
-// (or NaN, inf) in C. Only the speed depends on it.
+// (or NaN, inf) in C. Only the speed depends on it: results, flags, counts and the
+// elements they name are those of the exact path.
 bool amp_gemm_is_vectorised(const Context& ctx, const AmpConfig& cfg);
 
 // ---- 2-D convolution through the AMP (Poplar's convolution with partialsType) -------

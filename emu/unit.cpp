@@ -66,7 +66,11 @@ UnitKind unit_kind_by_name(std::string_view name) {
 void MatrixUnit::gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
                       const double* B, std::size_t ldb, double* C, std::size_t ldc) const {
   for (std::size_t i = 0; i < m; ++i)
-    for (std::size_t j = 0; j < n; ++j) C[i * ldc + j] = dot(ctx, k, A + i * lda, 1, B + j, ldb, C[i * ldc + j]);
+    for (std::size_t j = 0; j < n; ++j) {
+      const ElementGuard element(ctx, static_cast<std::int64_t>(i * n + j),
+                                 {static_cast<std::int64_t>(i), static_cast<std::int64_t>(j)});
+      C[i * ldc + j] = dot(ctx, k, A + i * lda, 1, B + j, ldb, C[i * ldc + j]);
+    }
 }
 
 std::unique_ptr<MatrixUnit> make_unit(UnitKind kind, std::optional<Format> in, std::optional<Format> out) {

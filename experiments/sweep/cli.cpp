@@ -44,8 +44,10 @@ const char* const kUsage =
     "  --describe NAME    an experiment's parameters, metrics and traces\n"
     "\n"
     "Exit status: 0 ok, 1 internal error (a bug), 2 bad input, 130 interrupted (finished\n"
-    "points are saved; continue with --resume). A run that fp_exceptions: trap stops is\n"
-    "recorded in the file (/traps), not an error.\n";
+    "points are saved; continue with --resume). Status 3 (an enabled floating-point\n"
+    "exception trapped) is emu's, never sweep's: a trap inside a run (fp_exceptions: trap)\n"
+    "is that run's recorded outcome (NaN metrics, the report in /traps), and the sweep\n"
+    "goes on.\n";
 
 struct Arguments {
   std::optional<std::string> config, output, describe;

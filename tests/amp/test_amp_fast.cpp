@@ -10,10 +10,12 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "../fp_counts.hpp"
 #include "emu/amp.hpp"
 #include "emu/unit.hpp"
 
@@ -131,27 +133,34 @@ std::uint64_t bits(double x) { return std::bit_cast<std::uint64_t>(x); }
 bool half_partials(const AmpConfig& cfg) { return cfg.partials == fp16(); }
 
 // C = A B + C through gemm and, element by element in row-major order, through dot
-// (AmpRun's exact path) under equal contexts: the results, the flags and, where a trap
-// throws, the elements written before it must agree.
+// (AmpRun's exact path) under equal contexts, each dot as its gemm element: the
+// results, the flags, the counts (scope "gemm") and, where a trap throws, its report
+// and the elements written before it must agree.
 void compare(const MatrixUnit& unit, const FpControl& control, const Problem& p, const std::string& what) {
   Context fast_ctx(control, Rng(StreamId{77})), exact_ctx(control, Rng(StreamId{77}));
   std::vector<double> fast = p.C, exact = p.C;
-  bool fast_threw = false, exact_threw = false;
+  std::optional<TrapReport> fast_trap, exact_trap;
   try {
+    Scope scope(fast_ctx, "gemm");
     unit.gemm(fast_ctx, p.m, p.n, p.k, p.A.data(), p.lda(), p.B.data(), p.ldb(), fast.data(), p.ldc());
-  } catch (const FpException&) {
-    fast_threw = true;
+  } catch (const FpException& e) {
+    fast_trap = e.report();
   }
   try {
+    Scope scope(exact_ctx, "gemm");
     for (std::size_t i = 0; i < p.m; ++i)
-      for (std::size_t j = 0; j < p.n; ++j)
+      for (std::size_t j = 0; j < p.n; ++j) {
+        const auto element = fp_counts::gemm_element(exact_ctx, i, j, p.n);
         exact[i * p.ldc() + j] = unit.dot(exact_ctx, p.k, p.A.data() + i * p.lda(), 1, p.B.data() + j, p.ldb(),
                                           exact[i * p.ldc() + j]);
-  } catch (const FpException&) {
-    exact_threw = true;
+      }
+  } catch (const FpException& e) {
+    exact_trap = e.report();
   }
   INFO(what << " m " << p.m << " n " << p.n << " k " << p.k);
-  REQUIRE(fast_threw == exact_threw);
+  REQUIRE(fast_trap.has_value() == exact_trap.has_value());
+  if (fast_trap) fp_counts::check_same_report(*fast_trap, *exact_trap);
+  fp_counts::check_same_counts(fast_ctx.counts(), exact_ctx.counts());
   for (std::size_t i = 0; i < p.m; ++i)
     for (std::size_t j = 0; j < p.n; ++j) {
       const double x = fast[i * p.ldc() + j], y = exact[i * p.ldc() + j];
@@ -303,4 +312,81 @@ TEST_CASE("AMP gemm: a host rounding mode other than to-nearest turns the vector
     compare(*unit, FpControl{}, p, "host rounding upward");
   }
   CHECK(amp_gemm_is_vectorised(Context(), cfg) == vectorised_build());
+}
+
+TEST_CASE("AMP gemm counting OFLO, DIV0 and INV stays vectorised; results and counts equal the exact path",
+          "[amp][fast]") {
+  // A training step with fp_exceptions: count must stay fast: the flags it counts only
+  // come from lanes the kernel hands to the exact model, which report their element.
+  FpControl count, count_saturate, count_nanoo, count_inexact, count_uflo;
+  count.counted = OFLO | DIV0 | INV;
+  count_saturate = count;
+  count_saturate.overflow = Overflow::saturate;
+  count_nanoo = count;
+  count_nanoo.overflow = Overflow::nan;
+  count_inexact.counted = OFLO | INEXACT;
+  count_uflo.counted = UFLO;
+  std::uint64_t seed = 500;
+  for (const AmpConfig& cfg : {amp_config(PartialsType::float32), amp_config(PartialsType::half),
+                               amp_config(PartialsType::float32, fp16(), fp16())}) {
+    const auto unit = make_amp_unit(cfg);
+    for (const FpControl& control : {count, count_saturate, count_nanoo}) {
+      CHECK(amp_gemm_is_vectorised(Context(control), cfg) == vectorised_build());
+      sweep(*unit, control, half_partials(cfg), seed++);
+    }
+    // Counting INEXACT or UFLO per element needs the exact path (the kernel raises
+    // INEXACT once per call); it still equals the elements one by one.
+    for (const FpControl& control : {count_inexact, count_uflo}) {
+      CHECK_FALSE(amp_gemm_is_vectorised(Context(control), cfg));
+      sweep(*unit, control, half_partials(cfg), seed++);
+    }
+  }
+}
+
+TEST_CASE("AMP gemm counts in element order what the kernel meets out of order", "[amp][fast]") {
+  // Overflows in a few elements of a 6 x 40 product (three tiles of 16 columns, several
+  // chunks of phases): the kernel meets (4, 3) in tile 0 before (0, 33) in tile 2 and
+  // a late phase of (1, 5) after an early phase of (2, 6); the counts must name the
+  // row-major first, (0, 33), and count each element once even where a saturating fp16
+  // partial overflows again in later phases.
+  const std::size_t m = 6, n = 40, k = 160;
+  // fp16 partials overflow in the phase of the big products; fp32 partials with an fp16
+  // output (f16v4sihoamp) when the last pass rounds into fp16.
+  for (const AmpConfig& cfg : {amp_config(PartialsType::half), amp_config(PartialsType::float32, fp16(), fp16())}) {
+    Problem p{m, n, k, {}, {}, {}};
+    p.A.assign(m * p.lda(), 0.0);
+    p.B.assign(k * p.ldb(), 0.0);
+    p.C.assign(m * p.ldc(), 0.0);
+    Rng rng(StreamId{600});
+    for (double& a : p.A) a = half_in(rng, -2, 1);
+    for (double& b : p.B) b = half_in(rng, -2, 1);
+    // Two products 256 * 256 in one phase of element (i, j): 131072, far past 65504
+    // whatever the other (small) products add.
+    auto blow_up = [&](std::size_t i, std::size_t j, std::size_t q) {
+      for (std::size_t r : {q, q + 1}) {
+        p.A[i * p.lda() + r] = 256.0;
+        p.B[r * p.ldb() + j] = 256.0;
+      }
+    };
+    blow_up(4, 3, 2);
+    blow_up(0, 33, 150);
+    blow_up(1, 5, 140);
+    blow_up(2, 6, 9);
+    const auto unit = make_amp_unit(cfg);
+    for (Overflow overflow : {Overflow::inf, Overflow::saturate, Overflow::nan}) {
+      FpControl control;
+      control.counted = OFLO | DIV0 | INV;
+      control.overflow = overflow;
+      INFO((half_partials(cfg) ? "half" : "float") << " partials, overflow " << overflow_name(overflow));
+      compare(*unit, control, p, "scattered overflows");
+      Context ctx(control);
+      std::vector<double> C = p.C;
+      unit->gemm(ctx, m, n, k, p.A.data(), p.lda(), p.B.data(), p.ldb(), C.data(), p.ldc());
+      REQUIRE_FALSE(ctx.counts().empty());
+      CHECK(ctx.counts()[0].flag == OFLO);
+      CHECK(ctx.counts()[0].op == "amp");
+      CHECK(ctx.counts()[0].first_element.to_string() == "[0, 33]");
+      CHECK(ctx.counts()[0].count == 4);
+    }
+  }
 }
