@@ -32,9 +32,7 @@ class ReferenceUnit final : public MatrixUnit {
       ExactSum sum;
       sum.add(c);
       for (std::size_t i = 0; i < k; ++i) sum.add_product(a[i * sa], b[i * sb]);
-      const Exact x = sum.value();
-      if (x.hi == 0 && x.lo == 0 && !x.beyond_double) return c;  // exact zero: keep c's zero
-      return ctx.round(out_, x, "dot", {static_cast<double>(k)});
+      return exact_result(ctx, sum.value(), k, c);
     }
     if (fused_) {
       for (std::size_t i = 0; i < k; ++i) c = ctx.fma(out_, a[i * sa], b[i * sb], c);
@@ -45,6 +43,16 @@ class ReferenceUnit final : public MatrixUnit {
   }
 
  private:
+  // The exact unit's result from the exact value x of c + sum a_i b_i: x rounded once
+  // into the output format. An exact zero keeps c's zero where c is zero (a zero c
+  // plus zero products), and is otherwise +0 (-0 rounding toward -inf), the sign IEEE
+  // 754 (6.3) gives an exact zero sum of non-zero terms.
+  double exact_result(Context& ctx, const Exact& x, std::size_t k, double c) const {
+    if (x.hi == 0 && x.lo == 0 && !x.beyond_double)
+      return c == 0 ? c : (ctx.control.effective_rounding() == Rounding::rd ? -0.0 : 0.0);
+    return ctx.round(out_, x, "dot", {static_cast<double>(k)});
+  }
+
   UnitKind kind_;
   Format in_, out_;
   bool fused_;
