@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <cfenv>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -14,9 +13,7 @@
 
 #include "exact_sum.hpp"
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
-#endif
+#include "simd.hpp"
 
 namespace emu {
 
@@ -306,7 +303,12 @@ class AmpRun {
 // Builds without AVX2, FMA and F16C take the exact path.
 namespace fast {
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if EMU_SIMD
+
+using simd::every_lane;
+using simd::host_rounds_to_nearest;
+using simd::magnitude;
+using simd::to_fp16;
 
 constexpr std::size_t kLanes = 4;
 constexpr std::size_t kVectors = 4;
@@ -316,25 +318,12 @@ constexpr std::size_t kPanelRows = kPhase + 2;    // a phase's B rows, then sum 
 constexpr std::size_t kChunkPhases = 16;          // phases per chunk: 12 KiB of panel
 constexpr int kMaxLowestBit = 37;                 // also the bound of an all-zero group
 
-__m256d magnitude(__m256d x) { return _mm256_andnot_pd(_mm256_set1_pd(-0.0), x); }
-bool every_lane(__m256d mask) { return _mm256_movemask_pd(mask) == 0xF; }
-
 // Zero, or normal and finite in the format whose limits are given.
 __m128 normal_or_zero(__m128 x, float min_normal, float max_finite) {
   const __m128 m = _mm_andnot_ps(_mm_set1_ps(-0.0f), x);
   const __m128 in_range = _mm_and_ps(_mm_cmp_ps(m, _mm_set1_ps(min_normal), _CMP_GE_OQ),
                                      _mm_cmp_ps(m, _mm_set1_ps(max_finite), _CMP_LE_OQ));
   return _mm_or_ps(in_range, _mm_cmp_ps(x, _mm_setzero_ps(), _CMP_EQ_OQ));
-}
-
-__m128 to_fp16(__m128 x) { return _mm_cvtph_ps(_mm_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT)); }
-
-// The conversions round as the model only under round-to-nearest, without flushing
-// of subnormals.
-bool host_rounds_to_nearest() {
-  constexpr unsigned kRoundingControl = 0x6000, kFlushToZero = 0x8000, kDenormalsAreZero = 0x0040;
-  return std::fegetround() == FE_TONEAREST &&
-         (_mm_getcsr() & (kRoundingControl | kFlushToZero | kDenormalsAreZero)) == 0;
 }
 
 bool is_fp32_value_or_special(double x) { return !std::isfinite(x) || static_cast<double>(static_cast<float>(x)) == x; }
