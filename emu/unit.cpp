@@ -6,6 +6,7 @@
 #include "amp.hpp"
 #include "exact_sum.hpp"
 #include "mma.hpp"
+#include "sequential.hpp"
 
 namespace emu {
 
@@ -40,6 +41,59 @@ class ReferenceUnit final : public MatrixUnit {
       for (std::size_t i = 0; i < k; ++i) c = ctx.add(out_, c, ctx.mul(out_, a[i * sa], b[i * sb]));
     }
     return c;
+  }
+
+  // The fast passes of emu/sequential.hpp where they apply, else one dot per element.
+  // Elements are finished in row-major order with their element set (flat i * n + j,
+  // index {i, j}) while they raise flags: those the pass vouches for take its result
+  // and raise its flags (none that the control counts or traps), the others go through
+  // dot(); so results, flags, counts and a trap (with the elements written before it)
+  // are those of dot() element by element.
+  void gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
+            const double* B, std::size_t ldb, double* C, std::size_t ldc) const override {
+    auto element = [&](std::size_t i, std::size_t j) {
+      return ElementGuard(ctx, static_cast<std::int64_t>(i * n + j),
+                          {static_cast<std::int64_t>(i), static_cast<std::int64_t>(j)});
+    };
+    auto by_dot = [&](std::size_t i, std::size_t j) {
+      const ElementGuard guard = element(i, j);
+      return dot(ctx, k, A + i * lda, 1, B + j, ldb, C[i * ldc + j]);
+    };
+    if (kind_ == UnitKind::exact) {
+      ExactPass pass;
+      if (exact_pass(m, n, k, A, lda, B, ldb, C, ldc, pass)) {
+        for (std::size_t i = 0; i < m; ++i)
+          for (std::size_t j = 0; j < n; ++j) {
+            double& c = C[i * ldc + j];
+            if (pass.redo[i * n + j]) {
+              c = by_dot(i, j);
+              continue;
+            }
+            const ElementGuard guard = element(i, j);
+            c = exact_result(ctx, pass.sum[i * n + j], k, c);
+          }
+        return;
+      }
+    } else {
+      SequentialPass pass;
+      if (sequential_pass(ctx, out_, fused_, m, n, k, A, lda, B, ldb, C, ldc, pass)) {
+        const char* op = fused_ ? "fma" : "add";
+        for (std::size_t i = 0; i < m; ++i)
+          for (std::size_t j = 0; j < n; ++j) {
+            const Flags flags = pass.flags[i * n + j];
+            if (flags == SequentialPass::kRedo) {
+              C[i * ldc + j] = by_dot(i, j);
+              continue;
+            }
+            if (flags != 0) ctx.raise_flags(flags, op, {});
+            C[i * ldc + j] = pass.value[i * n + j];
+          }
+        if (pass.raised != 0) ctx.raise_flags(pass.raised, op, {});
+        return;
+      }
+    }
+    for (std::size_t i = 0; i < m; ++i)
+      for (std::size_t j = 0; j < n; ++j) C[i * ldc + j] = by_dot(i, j);
   }
 
  private:
