@@ -20,24 +20,27 @@
 //  fp32 fused:    r = fmaf(a, b, c), the hardware's one rounding of a*b + c into fp32.
 //  fp32 unfused:  p = (float)(a*b), one rounding of the exact double product; then
 //                 r = p + c in float, one rounding.
-//  fp16 (fused: x = a*b + c; unfused: x = a*b, then x = p + c): s + e = x exactly with
-//                 s the nearest double (TwoSum, Knuth), then s rounded to the fp16 grid
-//                 in double (round_to_half): the nearest fp16 value to x, unless s is an
-//                 fp16 midpoint and e != 0 decides it (a hazard, redone).
-//  Flags: a rounding is exact iff the double TwoSum of its exact operands gives (s, 0)
-//  with s == the result; INEXACT otherwise. A result that is finite and normal (|r| >
-//  min_normal: the exact value is not tiny before or after rounding) raises nothing
-//  else; nor does an exact zero, or an exact subnormal where the format has them. An
-//  inexact result below min_normal in magnitude is tiny under both tininess rules: UFLO
-//  and INEXACT, where the format has subnormals and UFLO is neither counted nor
-//  trapped. The kernel checks the common case (normal and finite, or an exact zero) on
-//  every step and looks closer only when a lane fails it. Any other step (results of
-//  magnitude min_normal, overflow, NaN or infinite operands, formats without
-//  subnormals, hazards) marks its element for the reference, which redoes the whole
-//  element from its first step: the overflow policy, tininess, flushing, NaN and flags
-//  then come from Context. Each element is the same chain of steps as in the
-//  reference, so the kernel's results and flags are the reference's for every element
-//  not redone.
+//  fp16 (fused: x = a*b + c; unfused: x = a*b, then x = p + c): s = fl(x) in double,
+//                 then s rounded to the fp16 grid in double (round_to_half): the
+//                 nearest fp16 value to x, unless s is an fp16 midpoint and x != s
+//                 decides it (a hazard, redone). The unfused sum of two fp16 values is
+//                 exact in double; so the running value must start as an fp16 value.
+//  Flags: a rounding is exact iff its exact value is a double (a product of fp32
+//  values, or a sum s = fl(x + y) that passes Fast2Sum's test) equal to the result;
+//  INEXACT otherwise. A result that is finite and normal (|r| > min_normal: the exact
+//  value is not tiny before or after rounding) raises nothing else; nor does an exact
+//  zero, or an exact subnormal where the format has them. An inexact result below
+//  min_normal in magnitude is tiny under both tininess rules: UFLO and INEXACT, where
+//  the format has subnormals and UFLO is neither counted nor trapped. The kernel checks
+//  the common case (normal and finite, or an exact zero) on every step, and skips the
+//  exactness tests once INEXACT is known (without traps, where the order of flags
+//  cannot show); a step that fails the check is recomputed with the tests and
+//  classified (look_closer). Any other step (results of magnitude min_normal,
+//  overflow, NaN or infinite operands, formats without subnormals, hazards) marks its
+//  element for the reference, which redoes the whole element from its first step: the
+//  overflow policy, tininess, flushing, NaN and flags then come from Context. Each
+//  element is the same chain of steps as in the reference, so the kernel's results
+//  and flags are the reference's for every element not redone.
 //
 // The exact pass: every product is a multiple of 2^L, L the sum of the lowest set bits
 // over A and over B, and |a*b| <= P = max|A| max|B|. With k P <= 2^(L+118), at most
@@ -103,84 +106,108 @@ bool rows_are_floats(std::size_t m, std::size_t k, const double* A, std::size_t 
 
 // ---- The sequential pass ---------------------------------------------------------------
 
-// s + e == x + y exactly (TwoSum; no overflow for fp32 values and products).
-__m256d two_sum(__m256d x, __m256d y, __m256d& e) {
-  const __m256d s = _mm256_add_pd(x, y);
-  const __m256d yy = _mm256_sub_pd(s, x);
-  e = _mm256_add_pd(_mm256_sub_pd(x, _mm256_sub_pd(s, yy)), _mm256_sub_pd(y, yy));
-  return s;
-}
-
 __m256d is_zero(__m256d x) { return _mm256_cmp_pd(x, _mm256_setzero_pd(), _CMP_EQ_OQ); }
 
-// One rounding of a step: its result, whether that is the exact value, and (fp16) a
-// possible double rounding.
+// All-ones where s = fl(x + y) is x + y exactly. With |x| >= |y|, fl(s - x) is s - x
+// exactly (Dekker's Fast2Sum), which equals y iff the sum is exact; then also fl(s - y)
+// = x. Symmetrically for |y| >= |x|. (Doubles: no underflow can make it fail.)
+__m256d sum_is_exact(__m256d s, __m256d x, __m256d y) {
+  return _mm256_and_pd(_mm256_cmp_pd(_mm256_sub_pd(s, x), y, _CMP_EQ_OQ),
+                       _mm256_cmp_pd(_mm256_sub_pd(s, y), x, _CMP_EQ_OQ));
+}
+
+// One rounding of a step, from the exact value x = s + e (s its nearest double).
+//  value:   the rounded result;
+//  zero:    x is zero (s = 0 iff x = 0: these doubles are far from underflow);
+//  settled: the kernel's rounding is the nearest value (fp16: e = 0, no hazard);
+// and, where a step is computed with kExact: exact (x is the result) and hazard (fp16:
+// s is a midpoint and e != 0 decides it, which the kernel's rounding cannot see).
 struct Rounded {
-  __m256d value, exact, hazard;
+  __m256d value, zero, settled, exact, hazard;
+  __m128 single;  // the value as floats, where the host rounded into fp32
 };
 
-// The nearest fp16 value to x = s + e (e_nonzero: all-ones where e != 0), in double:
+// The nearest fp16 value to x = s + e, in double:
 //  1. With 2^E = max(2^floor(log2 |s|), 2^-14), the fp16 spacing at s is 2^(E-10).
 //  2. t = s + 1.5 * 2^(E+42) lies in [2^(E+42), 2^(E+43)), where doubles are 2^(E-10)
 //     apart: the host's RNE puts t on the nearest multiple, ties to even (1.5 * 2^(E+42)
 //     is an even multiple), and h = t - 1.5 * 2^(E+42) is exact. Beyond fp16's range h
 //     is above max_finite; below 2^-14 it is on the subnormal grid.
 //  3. h is the nearest fp16 value to x too, unless s is a midpoint (|s - h| = 2^(E-11))
-//     and e != 0 decides it: `hazard`. A zero h takes s's sign (an exact zero sum's
-//     sign, or the sign of a result that underflows to zero).
-Rounded round_to_half(__m256d s, __m256d e_nonzero) {
+//     and e != 0 decides it. A zero h takes s's sign (an exact zero sum's sign, or the
+//     sign of a result that underflows to zero).
+template <bool kExact>
+Rounded round_to_half(__m256d s, __m256d exact_in_double) {
   const __m256d exponent_field = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7FF0000000000000));
   const __m256d scale = _mm256_max_pd(_mm256_and_pd(s, exponent_field), _mm256_set1_pd(0x1p-14));  // 2^E
   const __m256d shift = _mm256_mul_pd(scale, _mm256_set1_pd(0x1.8p42));
   const __m256d h = _mm256_or_pd(_mm256_sub_pd(_mm256_add_pd(s, shift), shift),
                                  _mm256_and_pd(s, _mm256_set1_pd(-0.0)));
-  const __m256d midpoint =
-      _mm256_cmp_pd(magnitude(_mm256_sub_pd(s, h)), _mm256_mul_pd(scale, _mm256_set1_pd(0x1p-11)), _CMP_EQ_OQ);
-  return {h, _mm256_andnot_pd(e_nonzero, _mm256_cmp_pd(s, h, _CMP_EQ_OQ)), _mm256_and_pd(midpoint, e_nonzero)};
+  Rounded r{h, is_zero(s), exact_in_double, {}, {}, {}};
+  if constexpr (kExact) {
+    const __m256d midpoint =
+        _mm256_cmp_pd(magnitude(_mm256_sub_pd(s, h)), _mm256_mul_pd(scale, _mm256_set1_pd(0x1p-11)), _CMP_EQ_OQ);
+    r.exact = _mm256_and_pd(exact_in_double, _mm256_cmp_pd(s, h, _CMP_EQ_OQ));
+    r.hazard = _mm256_andnot_pd(exact_in_double, midpoint);
+  }
+  return r;
+}
+
+// A rounding by the host into fp32 (single), of x + y with nearest double s.
+template <bool kExact>
+Rounded hardware_rounding(__m128 single, __m256d s, __m256d x, __m256d y) {
+  const __m256d value = _mm256_cvtps_pd(single);
+  Rounded r{value, is_zero(s), all_ones(), {}, _mm256_setzero_pd(), single};
+  if constexpr (kExact) r.exact = _mm256_and_pd(_mm256_cmp_pd(s, value, _CMP_EQ_OQ), sum_is_exact(s, x, y));
+  return r;
 }
 
 // The roundings of one step per datapath, from a, b and c (doubles, fp32 values;
-// a_single the float a); the last one's value is the new running value.
+// a_single and c_single the floats, for the fp32 datapaths); the last one's value is
+// the new running value. kOnGrid: the running value must start as a value of the
+// output format (the unfused fp16 sum of two fp16 values is then exact in double).
 struct Fp32Fused {
   static constexpr int kRoundings = 1;
-  static void step(__m256d a, __m128 a_single, __m256d b, __m256d c, Rounded* r) {
-    const __m256d value = _mm256_cvtps_pd(_mm_fmadd_ps(a_single, _mm256_cvtpd_ps(b), _mm256_cvtpd_ps(c)));
-    __m256d e;
-    const __m256d s = two_sum(_mm256_mul_pd(a, b), c, e);
-    r[0] = {value, _mm256_and_pd(_mm256_cmp_pd(s, value, _CMP_EQ_OQ), is_zero(e)), _mm256_setzero_pd()};
+  static constexpr bool kOnGrid = false;
+  template <bool kExact>
+  static void step(__m256d a, __m128 a_single, __m256d b, __m256d c, __m128 c_single, Rounded* r) {
+    const __m128 single = _mm_fmadd_ps(a_single, _mm256_cvtpd_ps(b), c_single);
+    const __m256d p = _mm256_mul_pd(a, b);
+    r[0] = hardware_rounding<kExact>(single, _mm256_add_pd(p, c), p, c);
   }
 };
 
 struct Fp32Unfused {
   static constexpr int kRoundings = 2;
-  static void step(__m256d a, __m128, __m256d b, __m256d c, Rounded* r) {
+  static constexpr bool kOnGrid = false;
+  template <bool kExact>
+  static void step(__m256d a, __m128, __m256d b, __m256d c, __m128 c_single, Rounded* r) {
     const __m256d p = _mm256_mul_pd(a, b);
     const __m128 product_single = _mm256_cvtpd_ps(p);
     const __m256d product = _mm256_cvtps_pd(product_single);
-    r[0] = {product, _mm256_cmp_pd(product, p, _CMP_EQ_OQ), _mm256_setzero_pd()};
-    const __m256d value = _mm256_cvtps_pd(_mm_add_ps(_mm256_cvtpd_ps(c), product_single));
-    __m256d e;
-    const __m256d s = two_sum(c, product, e);
-    r[1] = {value, _mm256_and_pd(_mm256_cmp_pd(s, value, _CMP_EQ_OQ), is_zero(e)), _mm256_setzero_pd()};
+    r[0] = {product, is_zero(p), all_ones(), _mm256_cmp_pd(product, p, _CMP_EQ_OQ), _mm256_setzero_pd(), product_single};
+    r[1] = hardware_rounding<kExact>(_mm_add_ps(c_single, product_single), _mm256_add_pd(c, product), c, product);
   }
 };
 
 struct Fp16Fused {
   static constexpr int kRoundings = 1;
-  static void step(__m256d a, __m128, __m256d b, __m256d c, Rounded* r) {
-    __m256d e;
-    const __m256d s = two_sum(_mm256_mul_pd(a, b), c, e);
-    r[0] = round_to_half(s, _mm256_cmp_pd(e, _mm256_setzero_pd(), _CMP_NEQ_UQ));
+  static constexpr bool kOnGrid = false;
+  template <bool kExact>
+  static void step(__m256d a, __m128, __m256d b, __m256d c, __m128, Rounded* r) {
+    const __m256d p = _mm256_mul_pd(a, b), s = _mm256_add_pd(p, c);
+    r[0] = round_to_half<kExact>(s, sum_is_exact(s, p, c));
   }
 };
 
 struct Fp16Unfused {
   static constexpr int kRoundings = 2;
-  static void step(__m256d a, __m128, __m256d b, __m256d c, Rounded* r) {
-    r[0] = round_to_half(_mm256_mul_pd(a, b), _mm256_setzero_pd());
-    __m256d e;
-    const __m256d s = two_sum(c, r[0].value, e);
-    r[1] = round_to_half(s, _mm256_cmp_pd(e, _mm256_setzero_pd(), _CMP_NEQ_UQ));
+  static constexpr bool kOnGrid = true;
+  template <bool kExact>
+  static void step(__m256d a, __m128, __m256d b, __m256d c, __m128, Rounded* r) {
+    r[0] = round_to_half<kExact>(_mm256_mul_pd(a, b), all_ones());
+    // Two fp16 values (multiples of 2^-24 below 2^17 in magnitude) add up exactly.
+    r[1] = round_to_half<kExact>(_mm256_add_pd(c, r[0].value), all_ones());
   }
 };
 
@@ -191,25 +218,27 @@ struct Limits {
   __m256d tiny_allowed;  // all-ones: tiny inexact results are the hardware's (subnormals, UFLO neither counted nor trapped)
 };
 
-// The common case, checked on every step: every rounding normal and finite, or an exact zero.
+// The common case, checked on every step: every rounding settled, and normal and
+// finite or an exact zero.
 template <int kRoundings>
 __m256d usual(const Rounded* r, const Limits& lim) {
-  __m256d ok = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
+  __m256d ok = all_ones();
   for (int i = 0; i < kRoundings; ++i) {
     const __m256d mag = magnitude(r[i].value);
     const __m256d normal = _mm256_and_pd(_mm256_cmp_pd(mag, lim.min_normal, _CMP_GT_OQ),
                                          _mm256_cmp_pd(mag, lim.max_finite, _CMP_LE_OQ));
-    ok = _mm256_and_pd(ok, _mm256_andnot_pd(r[i].hazard, _mm256_or_pd(normal, _mm256_and_pd(r[i].exact, is_zero(mag)))));
+    ok = _mm256_and_pd(ok, _mm256_and_pd(r[i].settled, _mm256_or_pd(normal, r[i].zero)));
   }
   return ok;
 }
 
-// The rest, for a step that failed that check: lanes the kernel vouches for (finite;
-// normal, or exact and small, or tiny and inexact where allowed; no hazard), and those
-// that raise UFLO (tiny and inexact, before or after rounding alike: |result| < min_normal).
+// The rest, for a step (computed with kExact) that failed that check: lanes the kernel
+// vouches for (no hazard; finite; normal, or exact and small, or tiny and inexact where
+// allowed), and those that raise UFLO (tiny and inexact, before or after rounding
+// alike: |result| < min_normal).
 template <int kRoundings>
 __m256d vouched(const Rounded* r, const Limits& lim, __m256d& underflow) {
-  __m256d ok = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
+  __m256d ok = all_ones();
   underflow = _mm256_setzero_pd();
   for (int i = 0; i < kRoundings; ++i) {
     const __m256d mag = magnitude(r[i].value);
@@ -232,41 +261,70 @@ struct TileLanes {
   alignas(32) double redo[kTile];
 };
 
-// The k steps of one row of A (a) over one tile of B (panel), from the values in lanes.c.
+// Lanes of a step that failed the common-case check: recomputed with the exactness
+// tests and classified; those the kernel cannot vouch for are marked in lanes.redo
+// and returned all-ones, underflows recorded in lanes.underflow. Out of line: rare.
+template <class Path>
+[[gnu::noinline]] void look_closer(__m256d a, __m128 a_single, const double* panel, const double* c, const Limits& lim,
+                                   TileLanes& lanes, double* failed) {
+  constexpr int kRoundings = Path::kRoundings;
+  for (std::size_t v = 0; v < kVectors; ++v) {
+    Rounded r[kRoundings];
+    const __m256d c_double = _mm256_load_pd(c + v * kLanes);
+    Path::template step<true>(a, a_single, _mm256_loadu_pd(panel + v * kLanes), c_double, _mm256_cvtpd_ps(c_double), r);
+    __m256d underflow;
+    const __m256d failed_now = _mm256_andnot_pd(vouched<kRoundings>(r, lim, underflow), all_ones());
+    double* redo = lanes.redo + v * kLanes;
+    double* underflowed = lanes.underflow + v * kLanes;
+    _mm256_store_pd(redo, _mm256_or_pd(_mm256_load_pd(redo), failed_now));
+    _mm256_store_pd(underflowed, _mm256_or_pd(_mm256_load_pd(underflowed), underflow));
+    _mm256_store_pd(failed + v * kLanes, failed_now);
+  }
+}
+
+// The k steps of one row of A (a) over one tile of B (panel), from the values in
+// lanes.c. Without kTrackInexact the steps skip the exactness tests, except in the
+// rare steps that need a closer look.
 template <class Path, bool kTrackInexact>
 void sequential_tile_row(const double* a, std::size_t k, const double* panel, const Limits& lim, TileLanes& lanes) {
   constexpr int kRoundings = Path::kRoundings;
   __m256d c[kVectors], exact[kVectors];
+  __m128 c_single[kVectors];  // for the fp32 datapaths: c as floats
   for (std::size_t v = 0; v < kVectors; ++v) {
     c[v] = _mm256_load_pd(lanes.c + v * kLanes);
+    c_single[v] = _mm256_cvtpd_ps(c[v]);
     exact[v] = all_ones();
   }
   for (std::size_t q = 0; q < k; ++q, panel += kTile) {
     const __m256d a_double = _mm256_set1_pd(a[q]);
     const __m128 a_single = _mm_set1_ps(static_cast<float>(a[q]));
-    Rounded r[kVectors][kRoundings];
+    __m256d next[kVectors];
+    __m128 next_single[kVectors];
     __m256d all_usual = all_ones();
     for (std::size_t v = 0; v < kVectors; ++v) {
-      Path::step(a_double, a_single, _mm256_loadu_pd(panel + v * kLanes), c[v], r[v]);
+      Rounded r[kRoundings];
+      Path::template step<kTrackInexact>(a_double, a_single, _mm256_loadu_pd(panel + v * kLanes), c[v], c_single[v], r);
       if constexpr (kTrackInexact)
-        for (int i = 0; i < kRoundings; ++i) exact[v] = _mm256_and_pd(exact[v], r[v][i].exact);
-      all_usual = _mm256_and_pd(all_usual, usual<kRoundings>(r[v], lim));
+        for (int i = 0; i < kRoundings; ++i) exact[v] = _mm256_and_pd(exact[v], r[i].exact);
+      all_usual = _mm256_and_pd(all_usual, usual<kRoundings>(r, lim));
+      next[v] = r[kRoundings - 1].value;
+      next_single[v] = r[kRoundings - 1].single;
     }
     if (!every_lane(all_usual)) [[unlikely]] {
-      // Lanes the kernel cannot vouch for are marked for the reference, their running
-      // value set to zero so that the garbage they would carry does not fail every
-      // later step; underflows are recorded.
+      // The lanes the kernel cannot vouch for get a running value of zero, so that the
+      // garbage they would carry does not fail every later step.
+      alignas(32) double before[kTile], failed[kTile];
+      for (std::size_t v = 0; v < kVectors; ++v) _mm256_store_pd(before + v * kLanes, c[v]);
+      look_closer<Path>(a_double, a_single, panel, before, lim, lanes, failed);
       for (std::size_t v = 0; v < kVectors; ++v) {
-        __m256d underflow;
-        const __m256d failed = _mm256_andnot_pd(vouched<kRoundings>(r[v], lim, underflow), all_ones());
-        double* redo = lanes.redo + v * kLanes;
-        double* underflowed = lanes.underflow + v * kLanes;
-        _mm256_store_pd(redo, _mm256_or_pd(_mm256_load_pd(redo), failed));
-        _mm256_store_pd(underflowed, _mm256_or_pd(_mm256_load_pd(underflowed), underflow));
-        r[v][kRoundings - 1].value = _mm256_andnot_pd(failed, r[v][kRoundings - 1].value);
+        next[v] = _mm256_andnot_pd(_mm256_load_pd(failed + v * kLanes), next[v]);
+        next_single[v] = _mm256_cvtpd_ps(next[v]);
       }
     }
-    for (std::size_t v = 0; v < kVectors; ++v) c[v] = r[v][kRoundings - 1].value;
+    for (std::size_t v = 0; v < kVectors; ++v) {
+      c[v] = next[v];
+      c_single[v] = next_single[v];
+    }
   }
   for (std::size_t v = 0; v < kVectors; ++v) {
     _mm256_store_pd(lanes.c + v * kLanes, c[v]);
@@ -294,7 +352,8 @@ void sequential_kernel(const Context& ctx, const Format& out, std::size_t m, std
     for (std::size_t i = 0; i < m; ++i) {
       for (std::size_t l = 0; l < kTile; ++l) {
         const double c = l < width ? C[i * ldc + first + l] : 0.0;
-        const bool usable = is_float_value(c);  // finite fp32 values: fmaf takes the float
+        // Finite fp32 values (fmaf takes the float), and values of `out` where kOnGrid.
+        const bool usable = is_float_value(c) && (!Path::kOnGrid || out.representable(c));
         lanes.c[l] = usable ? c : 0.0;
         lanes.redo[l] = usable ? 0.0 : std::bit_cast<double>(~std::uint64_t{0});
         lanes.underflow[l] = 0.0;

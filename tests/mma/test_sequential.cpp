@@ -471,6 +471,10 @@ TEST_CASE("reference units' gemm: hand-worked steps that random data rarely reac
        Tininess::before, 0x1p-126, UFLO | INEXACT},
       {"fp32 rounds up to min_normal, after", {UnitKind::fp32_seq, true, bf16(), fp32()}, -0x1p-76, 0x1p-76,
        0x1p-126, Tininess::after, 0x1p-126, INEXACT},
+      // An fp32 c that is no fp16 value, 2^-147 below 2^14 + c's last bit: the unfused
+      // fp16 sum is inexact even in double.
+      {"fp16 unfused: c off the fp16 grid", {UnitKind::fp16_seq, false, fp16(), fp16()}, 0x1p7, 0x1p7, 0x1.8p-148,
+       Tininess::before, 0x1p14, INEXACT},
       // Unfused, the product -2^-152 underflows to -0 first (UFLO either way): 2^-126 + -0.
       {"fp32 unfused: the product underflows", {UnitKind::fp32_seq, false, bf16(), fp32()}, -0x1p-76, 0x1p-76,
        0x1p-126, Tininess::after, 0x1p-126, UFLO | INEXACT},
