@@ -62,17 +62,12 @@
 
 namespace emu {
 
-namespace {
-
-bool is_float_value(double x) { return static_cast<double>(static_cast<float>(x)) == x; }  // false for NaN
-bool finite_or_float(double x) { return !std::isfinite(x) || is_float_value(x); }
-bool same_layout(const Format& f, const Format& preset) { return f.with_subnormals(true) == preset; }
-
-}  // namespace
-
 #if EMU_SIMD
 
 namespace {
+
+bool is_float_value(double x) { return static_cast<double>(static_cast<float>(x)) == x; }  // false for NaN
+bool same_layout(const Format& f, const Format& preset) { return f.with_subnormals(true) == preset; }
 
 using simd::every_lane;
 using simd::magnitude;
@@ -83,25 +78,41 @@ constexpr std::size_t kTile = kLanes * kVectors;  // columns of C per tile
 
 __m256d all_ones() { return _mm256_castsi256_pd(_mm256_set1_epi64x(-1)); }
 
-// B by tiles of kTile columns: panel[tile][q][column], zero beyond column n. False
-// where a finite value is not an fp32 value.
-bool pack_panels(std::size_t n, std::size_t k, const double* B, std::size_t ldb, std::vector<double>& panels) {
-  const std::size_t tiles = (n + kTile - 1) / kTile;
-  panels.assign(tiles * k * kTile, 0.0);
-  for (std::size_t q = 0; q < k; ++q)
-    for (std::size_t j = 0; j < n; ++j) {
-      const double b = B[q * ldb + j];
-      if (!finite_or_float(b)) return false;
-      panels[((j / kTile) * k + q) * kTile + j % kTile] = b;
+// What the passes need to know of an operand (rows x columns, row stride ld): whether
+// every finite value is an fp32 value; the lowest set bit and the largest magnitude
+// among the finite non-zero values; which rows and columns hold a NaN or an infinity.
+struct Operand {
+  bool floats = true;
+  int lowest_bit = INT32_MAX;
+  double largest = 0;
+  std::vector<bool> special_row, special_column;
+};
+
+Operand scan(std::size_t rows, std::size_t columns, const double* X, std::size_t ld) {
+  Operand o;
+  o.special_row.assign(rows, false);
+  o.special_column.assign(columns, false);
+  for (std::size_t i = 0; i < rows; ++i)
+    for (std::size_t j = 0; j < columns; ++j) {
+      const double x = X[i * ld + j];
+      if (!std::isfinite(x)) {
+        o.special_row[i] = o.special_column[j] = true;
+        continue;
+      }
+      o.floats = o.floats && is_float_value(x);
+      if (x == 0) continue;
+      o.lowest_bit = std::min(o.lowest_bit, odd_significand(x).e);
+      o.largest = std::max(o.largest, std::fabs(x));
     }
-  return true;
+  return o;
 }
 
-bool rows_are_floats(std::size_t m, std::size_t k, const double* A, std::size_t lda) {
-  for (std::size_t i = 0; i < m; ++i)
-    for (std::size_t q = 0; q < k; ++q)
-      if (!finite_or_float(A[i * lda + q])) return false;
-  return true;
+// B by tiles of kTile columns: panel[tile][q][column], zero beyond column n.
+std::vector<double> pack_panels(std::size_t n, std::size_t k, const double* B, std::size_t ldb) {
+  std::vector<double> panels(((n + kTile - 1) / kTile) * k * kTile, 0.0);
+  for (std::size_t q = 0; q < k; ++q)
+    for (std::size_t j = 0; j < n; ++j) panels[((j / kTile) * k + q) * kTile + j % kTile] = B[q * ldb + j];
+  return panels;
 }
 
 // ---- The sequential pass ---------------------------------------------------------------
@@ -446,27 +457,11 @@ Exact exact_of(const double* bins, int count, std::ptrdiff_t stride, int lsb, do
 
 // The bins for products of A's and B's finite values; count 0 where they need more
 // than three or the sums would leave 128 bits.
-Bins plan_bins(std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda, const double* B,
-               std::size_t ldb) {
-  int low_a = INT32_MAX, low_b = INT32_MAX;
-  double max_a = 0, max_b = 0;
-  for (std::size_t i = 0; i < m; ++i)
-    for (std::size_t q = 0; q < k; ++q) {
-      const double x = A[i * lda + q];
-      if (!std::isfinite(x) || x == 0) continue;
-      low_a = std::min(low_a, odd_significand(x).e);
-      max_a = std::max(max_a, std::fabs(x));
-    }
-  for (std::size_t q = 0; q < k; ++q)
-    for (std::size_t j = 0; j < n; ++j) {
-      const double x = B[q * ldb + j];
-      if (!std::isfinite(x) || x == 0) continue;
-      low_b = std::min(low_b, odd_significand(x).e);
-      max_b = std::max(max_b, std::fabs(x));
-    }
+Bins plan_bins(std::size_t k, const Operand& a, const Operand& b) {
+  const double max_a = a.largest, max_b = b.largest;
   Bins bins;
   if (max_a == 0 || max_b == 0) return bins;  // every finite product is zero
-  bins.lsb = low_a + low_b;
+  bins.lsb = a.lowest_bit + b.lowest_bit;
   const int K = std::max(1, static_cast<int>(std::bit_width(k - 1)));  // k <= 2^K
   // k P 2^-L, rounded up a little (k < 2^21 and P = max_a max_b is exact).
   const double span = std::ldexp(max_a * max_b, -bins.lsb) * static_cast<double>(k) * (1 + 0x1p-50);
@@ -486,7 +481,8 @@ Bins plan_bins(std::size_t m, std::size_t n, std::size_t k, const double* A, std
 template <int kBins>
 void exact_kernel(std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
                   const std::vector<double>& panels, const Bins& bins, const double* C, std::size_t ldc,
-                  const std::vector<bool>& special_row, const std::vector<bool>& special_column, ExactPass& pass) {
+                  const std::vector<bool>& special_row, const std::vector<bool>& special_column,
+                  ExactPass& pass) {
   alignas(32) double sums[kBins * kTile];
   for (std::size_t first = 0; first < n; first += kTile) {
     const std::size_t width = std::min(kTile, n - first);
@@ -515,8 +511,8 @@ bool sequential_pass(const Context& ctx, const Format& out, bool fused, std::siz
   if (m == 0 || n == 0 || k == 0 || (!fp32_out && !fp16_out) || ctx.control.effective_rounding() != Rounding::rne ||
       ((ctx.control.counted | ctx.control.traps) & INEXACT) || !simd::host_rounds_to_nearest())
     return false;
-  std::vector<double> panels;
-  if (!rows_are_floats(m, k, A, lda) || !pack_panels(n, k, B, ldb, panels)) return false;
+  if (!scan(m, k, A, lda).floats || !scan(k, n, B, ldb).floats) return false;
+  const std::vector<double> panels = pack_panels(n, k, B, ldb);
   pass.value.assign(m * n, 0.0);
   pass.flags.assign(m * n, 0);
   pass.raised = 0;
@@ -533,21 +529,17 @@ bool sequential_pass(const Context& ctx, const Format& out, bool fused, std::siz
 bool exact_pass(std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda, const double* B,
                 std::size_t ldb, const double* C, std::size_t ldc, ExactPass& pass) {
   if (m == 0 || n == 0 || k == 0 || !simd::host_rounds_to_nearest()) return false;
-  std::vector<double> panels;
-  if (!rows_are_floats(m, k, A, lda) || !pack_panels(n, k, B, ldb, panels)) return false;
-  const Bins bins = plan_bins(m, n, k, A, lda, B, ldb);
+  const Operand a = scan(m, k, A, lda), b = scan(k, n, B, ldb);
+  if (!a.floats || !b.floats) return false;
+  const Bins bins = plan_bins(k, a, b);
   if (bins.count == 0) return false;
-  std::vector<bool> special_row(m, false), special_column(n, false);
-  for (std::size_t i = 0; i < m; ++i)
-    for (std::size_t q = 0; q < k; ++q) special_row[i] = special_row[i] || !std::isfinite(A[i * lda + q]);
-  for (std::size_t q = 0; q < k; ++q)
-    for (std::size_t j = 0; j < n; ++j) special_column[j] = special_column[j] || !std::isfinite(B[q * ldb + j]);
+  const std::vector<double> panels = pack_panels(n, k, B, ldb);
   pass.sum.assign(m * n, Exact{});
   pass.redo.assign(m * n, false);
   switch (bins.count) {
-    case 1: exact_kernel<1>(m, n, k, A, lda, panels, bins, C, ldc, special_row, special_column, pass); break;
-    case 2: exact_kernel<2>(m, n, k, A, lda, panels, bins, C, ldc, special_row, special_column, pass); break;
-    default: exact_kernel<3>(m, n, k, A, lda, panels, bins, C, ldc, special_row, special_column, pass); break;
+    case 1: exact_kernel<1>(m, n, k, A, lda, panels, bins, C, ldc, a.special_row, b.special_column, pass); break;
+    case 2: exact_kernel<2>(m, n, k, A, lda, panels, bins, C, ldc, a.special_row, b.special_column, pass); break;
+    default: exact_kernel<3>(m, n, k, A, lda, panels, bins, C, ldc, a.special_row, b.special_column, pass); break;
   }
   return true;
 }

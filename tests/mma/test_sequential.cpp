@@ -23,6 +23,7 @@
 
 #include "emu/sequential.hpp"
 #include "emu/unit.hpp"
+#include "tests/gemm_problem.hpp"
 
 using namespace emu;
 
@@ -32,8 +33,10 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 std::uint64_t bits(double x) { return std::bit_cast<std::uint64_t>(x); }
-std::size_t pick(Rng& rng, std::size_t n) { return static_cast<std::size_t>(rng.next_u64() % n); }
-double sign(Rng& rng) { return (rng.next_u64() & 1) ? -1.0 : 1.0; }
+using gemm_test::pick;
+using gemm_test::Problem;
+using gemm_test::sign;
+using gemm_test::simd_build;
 
 // A value of `f` near sign * (1 + u) * 2^e, e in [lo, hi] clamped to f's range
 // (rounded into f with rne, saturating).
@@ -64,13 +67,6 @@ const char* inputs_name(Inputs i) {
   return names[static_cast<int>(i)];
 }
 
-struct Problem {
-  std::size_t m, n, k;
-  std::vector<double> A, B, C;  // row-major, lda = k + 1, ldb = n + 3, ldc = n + 2
-  std::size_t lda() const { return k + 1; }
-  std::size_t ldb() const { return n + 3; }
-  std::size_t ldc() const { return n + 2; }
-};
 
 double input_value(Rng& rng, Inputs kind, const Format& in, const Format& out) {
   switch (kind) {
@@ -102,10 +98,7 @@ double output_value(Rng& rng, Inputs kind, const Format& out) {
 
 Problem make_problem(Rng& rng, std::size_t m, std::size_t n, std::size_t k, Inputs kind, const Format& in,
                      const Format& out) {
-  Problem p{m, n, k, {}, {}, {}};
-  p.A.assign(m * p.lda(), 0.0);
-  p.B.assign(k * p.ldb(), 0.0);
-  p.C.assign(m * p.ldc(), 0.0);
+  Problem p = gemm_test::zero_problem(m, n, k);
   for (std::size_t i = 0; i < m; ++i)
     for (std::size_t q = 0; q < k; ++q) p.A[i * p.lda() + q] = input_value(rng, kind, in, out);
   for (std::size_t q = 0; q < k; ++q)
@@ -221,14 +214,6 @@ void compare(const MatrixUnit& unit, const FpControl& control, const Problem& p,
     CHECK(bits(fast.counts[c].first_result) == bits(ref.counts[c].first_result));
   }
   CHECK(fast.next_draw == ref.next_draw);  // stochastic rounding drew the same bits
-}
-
-bool simd_build() {
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  return true;
-#else
-  return false;
-#endif
 }
 
 // One unit configuration: its kind and formats, and whether the sequential form is fused.
