@@ -17,7 +17,7 @@ namespace emu {
 struct SequentialPass {
   static constexpr Flags kRedo = 0xFF;  // in `flags`: the kernel cannot vouch for the element
   std::vector<double> value;            // the element's result
-  std::vector<Flags> flags;             // the flags its operations raise (INEXACT or none), or kRedo
+  std::vector<Flags> flags;             // the flags its operations raise (INEXACT, UFLO), or kRedo
   // Flags raised by elements that are not redone but which `flags` does not record per
   // element (only without traps, where their order cannot show).
   Flags raised = 0;
@@ -28,7 +28,8 @@ struct SequentialPass {
 // control. False, with nothing computed, where it does not apply: effective rounding
 // other than rne, INEXACT counted or trapped, an output format other than fp32 and fp16,
 // a finite value of A or B that is not an fp32 value, a host not rounding to nearest,
-// a build without AVX2/FMA/F16C.
+// a build without AVX2/FMA/F16C. Elements whose c is not an fp32 value (fp16 unfused:
+// not an fp16 value) are left to the reference.
 bool sequential_pass(const Context& ctx, const Format& out, bool fused, std::size_t m, std::size_t n, std::size_t k,
                      const double* A, std::size_t lda, const double* B, std::size_t ldb, const double* C,
                      std::size_t ldc, SequentialPass& pass);
