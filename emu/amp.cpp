@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <cfenv>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -15,9 +14,7 @@
 
 #include "exact_sum.hpp"
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
-#endif
+#include "simd.hpp"
 
 namespace emu {
 
@@ -28,57 +25,10 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 using i128 = __int128;
-using u128 = unsigned __int128;
 
 bool same_layout(const Format& a, const Format& b) { return a == b; }
 bool is_fp16(const Format& f) { return same_layout(f, fp16()); }
 bool is_fp32(const Format& f) { return same_layout(f, fp32()); }
-
-// A finite non-zero double as +-m * 2^e with m odd (m < 2^53).
-struct OddSignificand {
-  std::uint64_t m;
-  int e;                             // weight of the lowest set bit
-  int highest() const { return e + static_cast<int>(std::bit_width(m)) - 1; }  // floor(log2 |x|)
-};
-OddSignificand odd_significand(double x) {
-  const auto bits = std::bit_cast<std::uint64_t>(x);
-  const int field = static_cast<int>((bits >> 52) & 0x7FF);
-  std::uint64_t m = bits & ((std::uint64_t{1} << 52) - 1);
-  int e = -1074;
-  if (field != 0) {
-    m |= std::uint64_t{1} << 52;
-    e = field - 1075;
-  }
-  const int tz = std::countr_zero(m);
-  return {m >> tz, e + tz};
-}
-
-// The nearest double to v * 2^lsb (ties to even) and the residual, for a non-zero v.
-Exact from_fixed(i128 v, int lsb) {
-  const bool negative = v < 0;
-  const u128 mag = negative ? -static_cast<u128>(v) : static_cast<u128>(v);
-  const auto top = static_cast<std::uint64_t>(mag >> 64);
-  const int width = top != 0 ? 128 - std::countl_zero(top) : 64 - std::countl_zero(static_cast<std::uint64_t>(mag));
-  double hi = 0, lo = 0;
-  if (width <= 53) {
-    hi = std::ldexp(static_cast<double>(static_cast<std::uint64_t>(mag)), lsb);
-  } else {
-    // Keep the top 53 bits; round the rest to nearest, ties to even.
-    const int shift = width - 53;
-    u128 kept = mag >> shift;
-    const u128 rest = mag - (kept << shift);
-    const u128 half = u128{1} << (shift - 1);
-    i128 residual = static_cast<i128>(rest);
-    if (rest > half || (rest == half && (kept & 1))) {
-      ++kept;
-      residual -= static_cast<i128>(u128{1} << shift);
-    }
-    hi = std::ldexp(static_cast<double>(static_cast<std::uint64_t>(kept)), lsb + shift);
-    lo = std::ldexp(static_cast<double>(residual), lsb);  // exact when it fits a double
-  }
-  if (std::isinf(hi)) return {negative ? -kInf : kInf, 0.0, true};
-  return negative ? Exact{-hi, -lo} : Exact{hi, lo};
-}
 
 // The exact sum of n <= 65 finite doubles. Terms whose bits span at most 120 binades
 // are summed as integers in 128 bits (65 terms below 2^120 cannot overflow 2^127);
@@ -103,7 +53,7 @@ Exact exact_sum_of(const double* t, int n) {
       acc += negative[i] ? -term : term;
     }
     if (acc == 0) return {0.0};
-    return from_fixed(acc, lowest);
+    return exact_from_fixed(acc, lowest);
   }
   ExactSum sum;
   for (int i = 0; i < n; ++i) sum.add(t[i]);
@@ -372,7 +322,12 @@ class AmpRun {
 // Builds without AVX2, FMA and F16C take the exact path.
 namespace fast {
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if EMU_SIMD
+
+using simd::every_lane;
+using simd::host_rounds_to_nearest;
+using simd::magnitude;
+using simd::to_fp16;
 
 constexpr std::size_t kLanes = 4;
 constexpr std::size_t kVectors = 4;
@@ -382,25 +337,12 @@ constexpr std::size_t kPanelRows = kPhase + 2;    // a phase's B rows, then sum 
 constexpr std::size_t kChunkPhases = 16;          // phases per chunk: 12 KiB of panel
 constexpr int kMaxLowestBit = 37;                 // also the bound of an all-zero group
 
-__m256d magnitude(__m256d x) { return _mm256_andnot_pd(_mm256_set1_pd(-0.0), x); }
-bool every_lane(__m256d mask) { return _mm256_movemask_pd(mask) == 0xF; }
-
 // Zero, or normal and finite in the format whose limits are given.
 __m128 normal_or_zero(__m128 x, float min_normal, float max_finite) {
   const __m128 m = _mm_andnot_ps(_mm_set1_ps(-0.0f), x);
   const __m128 in_range = _mm_and_ps(_mm_cmp_ps(m, _mm_set1_ps(min_normal), _CMP_GE_OQ),
                                      _mm_cmp_ps(m, _mm_set1_ps(max_finite), _CMP_LE_OQ));
   return _mm_or_ps(in_range, _mm_cmp_ps(x, _mm_setzero_ps(), _CMP_EQ_OQ));
-}
-
-__m128 to_fp16(__m128 x) { return _mm_cvtph_ps(_mm_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT)); }
-
-// The conversions round as the model only under round-to-nearest, without flushing
-// of subnormals.
-bool host_rounds_to_nearest() {
-  constexpr unsigned kRoundingControl = 0x6000, kFlushToZero = 0x8000, kDenormalsAreZero = 0x0040;
-  return std::fegetround() == FE_TONEAREST &&
-         (_mm_getcsr() & (kRoundingControl | kFlushToZero | kDenormalsAreZero)) == 0;
 }
 
 bool is_fp32_value_or_special(double x) { return !std::isfinite(x) || static_cast<double>(static_cast<float>(x)) == x; }

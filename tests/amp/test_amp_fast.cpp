@@ -18,6 +18,7 @@
 #include "../fp_counts.hpp"
 #include "emu/amp.hpp"
 #include "emu/unit.hpp"
+#include "tests/gemm_problem.hpp"
 
 using namespace emu;
 
@@ -26,8 +27,10 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kFloatMax = std::numeric_limits<float>::max();
 
-std::size_t pick(Rng& rng, std::size_t n) { return static_cast<std::size_t>(rng.next_u64() % n); }
-double sign(Rng& rng) { return (rng.next_u64() & 1) ? -1.0 : 1.0; }
+using gemm_test::pick;
+using gemm_test::Problem;
+using gemm_test::sign;
+using gemm_test::simd_build;
 
 // An fp16 value with a binary exponent in [lo, hi] (subnormal below -14).
 double half_in(Rng& rng, int lo, int hi) {
@@ -88,19 +91,9 @@ double partial_value(Rng& rng, Inputs kind, bool half_partials) {
   }
 }
 
-struct Problem {
-  std::size_t m, n, k;
-  std::vector<double> A, B, C;  // row-major, lda = k + 1, ldb = n + 3, ldc = n + 2
-  std::size_t lda() const { return k + 1; }
-  std::size_t ldb() const { return n + 3; }
-  std::size_t ldc() const { return n + 2; }
-};
 
 Problem make_problem(Rng& rng, std::size_t m, std::size_t n, std::size_t k, Inputs kind, bool half_partials) {
-  Problem p{m, n, k, {}, {}, {}};
-  p.A.assign(m * p.lda(), 0.0);
-  p.B.assign(k * p.ldb(), 0.0);
-  p.C.assign(m * p.ldc(), 0.0);
+  Problem p = gemm_test::zero_problem(m, n, k);
   for (std::size_t i = 0; i < m; ++i)
     for (std::size_t q = 0; q < k; ++q) p.A[i * p.lda() + q] = input_value(rng, kind);
   for (std::size_t q = 0; q < k; ++q)
@@ -191,14 +184,6 @@ void sweep(const MatrixUnit& unit, const FpControl& control, bool half_partials,
   }
 }
 
-bool vectorised_build() {
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  return true;
-#else
-  return false;
-#endif
-}
-
 }  // namespace
 
 TEST_CASE("AMP gemm's vectorised path is bit- and flag-identical to the exact path", "[amp][fast]") {
@@ -218,20 +203,20 @@ TEST_CASE("AMP gemm's vectorised path is bit- and flag-identical to the exact pa
   saturate.overflow = Overflow::saturate;
   nanoo.overflow = Overflow::nan;
   esr.esr = true;
-  if (!vectorised_build())
+  if (!simd_build())
     WARN("built without AVX2/FMA/F16C: gemm takes the exact path, which this test then checks against dot");
   std::uint64_t seed = 100;
   for (const Unit& u : units) {
     const auto unit = make_amp_unit(u.cfg);
     for (const FpControl& control : {FpControl{}, saturate, nanoo}) {
       INFO(u.name << ", overflow " << overflow_name(control.overflow));
-      CHECK(amp_gemm_is_vectorised(Context(control), u.cfg) == vectorised_build());
+      CHECK(amp_gemm_is_vectorised(Context(control), u.cfg) == simd_build());
       sweep(*unit, control, half_partials(u.cfg), seed++);
     }
     // fp32 partials ignore esr (the accumulator rounds RNE): still vectorised.
     INFO(u.name << " with esr");
     CHECK(amp_gemm_is_vectorised(Context(esr), u.cfg) ==
-          (vectorised_build() && !half_partials(u.cfg) && u.cfg.output == fp32()));
+          (simd_build() && !half_partials(u.cfg) && u.cfg.output == fp32()));
     sweep(*unit, esr, half_partials(u.cfg), seed++);
   }
 }
@@ -249,7 +234,7 @@ TEST_CASE("AMP gemm under other configurations and contexts equals the exact pat
     const auto unit = make_amp_unit(cfg);
     for (const FpControl& control : {FpControl{}, trap_overflow, toward_zero}) {
       CHECK(amp_gemm_is_vectorised(Context(control), cfg) ==
-            (vectorised_build() && control.traps == 0 && control.rounding == Rounding::rne &&
+            (simd_build() && control.traps == 0 && control.rounding == Rounding::rne &&
              cfg.alignment_bits == AmpConfig::kExactPhase));
       sweep(*unit, control, half_partials(cfg), seed++);
     }
@@ -311,7 +296,7 @@ TEST_CASE("AMP gemm: a host rounding mode other than to-nearest turns the vector
     CHECK_FALSE(amp_gemm_is_vectorised(Context(), cfg));
     compare(*unit, FpControl{}, p, "host rounding upward");
   }
-  CHECK(amp_gemm_is_vectorised(Context(), cfg) == vectorised_build());
+  CHECK(amp_gemm_is_vectorised(Context(), cfg) == simd_build());
 }
 
 TEST_CASE("AMP gemm counting OFLO, DIV0 and INV stays vectorised; results and counts equal the exact path",
