@@ -316,7 +316,7 @@ TEST_CASE("AMP gemm counting OFLO, DIV0 and INV stays vectorised; results and co
                                amp_config(PartialsType::float32, fp16(), fp16())}) {
     const auto unit = make_amp_unit(cfg);
     for (const FpControl& control : {count, count_saturate, count_nanoo}) {
-      CHECK(amp_gemm_is_vectorised(Context(control), cfg) == vectorised_build());
+      CHECK(amp_gemm_is_vectorised(Context(control), cfg) == simd_build());
       sweep(*unit, control, half_partials(cfg), seed++);
     }
     // Counting INEXACT or UFLO per element needs the exact path (the kernel raises
