@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <optional>
@@ -20,6 +19,7 @@
 #include "runner.hpp"
 #include "sha256.hpp"
 #include "shard.hpp"
+#include "signals.hpp"
 
 namespace roundoff::sweep {
 namespace {
@@ -261,34 +261,6 @@ void print_summary(const std::string& path) {
 
 namespace {
 
-std::atomic<bool> g_stop_requested{false};
-extern "C" void request_stop(int) { g_stop_requested.store(true); }
-
-// SIGINT and SIGTERM set g_stop_requested from the start of sweep_main to its end (the
-// previous handlers are restored afterwards): a signal at any moment, while the config is
-// parsed or the output created too, stops the sweep through the same path.
-class StopSignals {
- public:
-  StopSignals() {
-    g_stop_requested.store(false);
-    struct sigaction action {};
-    action.sa_handler = request_stop;
-    action.sa_flags = SA_RESTART;  // file reads and writes go on
-    sigemptyset(&action.sa_mask);
-    sigaction(SIGINT, &action, &previous_int_);
-    sigaction(SIGTERM, &action, &previous_term_);
-  }
-  ~StopSignals() {
-    sigaction(SIGINT, &previous_int_, nullptr);
-    sigaction(SIGTERM, &previous_term_, nullptr);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-
- private:
-  struct sigaction previous_int_ {}, previous_term_ {};
-};
-
 int interrupted_before_start() {
   std::fprintf(stderr, "sweep: interrupted before any point was computed; nothing written\n");
   return kExitInterrupted;
@@ -323,7 +295,7 @@ int run(const Arguments& args, WorkerGroup* workers) {
   }
   const std::string sha = sha256_hex(plan.config_text);
   const std::size_t n_points = plan.points.size();
-  if (g_stop_requested.load()) return interrupted_before_start();
+  if (stop_requested().load()) return interrupted_before_start();
   const std::vector<PointWork> work = work_of(plan);
 
   if (args.dry_run) {
@@ -376,18 +348,20 @@ int run(const Arguments& args, WorkerGroup* workers) {
                        "); not resumed, so that one file holds one build's numbers: start over with --force");
     resume = true;
   }
-  if (g_stop_requested.load()) return interrupted_before_start();
+  if (stop_requested().load()) return interrupted_before_start();
 
   RunReport report;
   {
     // A signal from here on: the points finished so far (maybe none) are in a valid
     // partial file that --resume continues.
+    // Declared first so that the output is closed before the workers are waited for.
+    std::unique_ptr<RemoteWorkers> remote;
     OutputFile output = resume ? OutputFile::open_for_resume(plan) : OutputFile::create(plan, sha);
-    const std::unique_ptr<RemoteWorkers> remote = workers ? workers->start(plan) : nullptr;
+    if (workers) remote = workers->start(plan, args.jobs);
     RunOptions options;
     options.threads = args.jobs;
     options.progress = !args.quiet && isatty(STDERR_FILENO);
-    report = run_plan(plan, output, work, options, g_stop_requested, remote.get());
+    report = run_plan(plan, output, work, options, stop_requested(), remote.get());
     if (report.complete) output.mark_complete();
   }
   if (!report.complete) {

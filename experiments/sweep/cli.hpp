@@ -14,8 +14,9 @@ class RemoteWorkers;
 class WorkerGroup {
  public:
   virtual ~WorkerGroup() = default;
-  // Hands the plan to the workers; they compute the items the returned object gives them.
-  virtual std::unique_ptr<RemoteWorkers> start(const SweepPlan& plan) = 0;
+  // Hands the plan to the workers (each runs `threads` threads, 0: all it may use); they
+  // compute the items the returned object gives them.
+  virtual std::unique_ptr<RemoteWorkers> start(const SweepPlan& plan, int threads) = 0;
 };
 
 // `workers`: where a sweep also computes (null: this process alone).

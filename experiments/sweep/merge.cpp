@@ -201,6 +201,21 @@ void write_attribute_copy(hid_t object, const std::string& name, const Attribute
 
 // ---- the merge -----------------------------------------------------------------------
 
+// A new creation property list of `plist_class` (file or group) that tracks the link and
+// attribute creation order as `group` does. A copied list would carry the source's storage
+// details, which HDF5 1.10 cannot use for a new group; the file's own list does not hold
+// its root group's order.
+Hid ordered_like(hid_t group, hid_t plist_class) {
+  Hid source = checked(H5Gget_create_plist(group), H5Pclose, "H5Gget_create_plist");
+  unsigned link_order = 0, attribute_order = 0;
+  check(H5Pget_link_creation_order(source.get(), &link_order), "H5Pget_link_creation_order");
+  check(H5Pget_attr_creation_order(source.get(), &attribute_order), "H5Pget_attr_creation_order");
+  Hid list = checked(H5Pcreate(plist_class), H5Pclose, "H5Pcreate");
+  check(H5Pset_link_creation_order(list.get(), link_order), "link order");
+  check(H5Pset_attr_creation_order(list.get(), attribute_order), "attribute order");
+  return list;
+}
+
 class Merger {
  public:
   Merger(const std::vector<ShardFile>& shards, const std::vector<std::size_t>& owner_file)
@@ -216,13 +231,19 @@ class Merger {
   }
 
   void write(const std::string& path) {
-    Hid fcpl = checked(H5Fget_create_plist(shards_.front().file.get()), H5Pclose, "H5Fget_create_plist");
+    Hid first_root = checked(H5Gopen2(shards_.front().file.get(), "/", H5P_DEFAULT), H5Gclose, "open /");
+    Hid fcpl = ordered_like(first_root.get(), H5P_FILE_CREATE);
     Hid out(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl.get(), H5P_DEFAULT), H5Fclose);
     if (out.get() < 0) throw std::runtime_error("cannot create '" + path + "'");
-    copy_root_attributes(out.get());
-    std::vector<hid_t> roots;
-    for (const ShardFile& s : shards_) roots.push_back(s.file.get());
-    merge_group(roots, out.get(), "");
+    std::vector<Hid> roots;
+    std::vector<hid_t> root_ids;
+    for (const ShardFile& s : shards_) {
+      roots.push_back(checked(H5Gopen2(s.file.get(), "/", H5P_DEFAULT), H5Gclose, "open /"));
+      root_ids.push_back(roots.back().get());
+    }
+    Hid out_root = checked(H5Gopen2(out.get(), "/", H5P_DEFAULT), H5Gclose, "open /");
+    copy_root_attributes(root_ids, out_root.get());
+    merge_group(root_ids, out_root.get(), "");
     write_attribute(out.get(), "status", std::string("complete"));
     check(H5Fclose(out.release()), "H5Fclose");
   }
@@ -233,19 +254,18 @@ class Merger {
                      ", which should be the same in every shard of one config; not merged");
   }
 
-  void copy_root_attributes(hid_t out) {
-    const hid_t first = shards_.front().file.get();
+  void copy_root_attributes(const std::vector<hid_t>& roots, hid_t out) {
     std::string created = shards_.front().created;
     for (const ShardFile& s : shards_) created = std::min(created, s.created);
-    const std::vector<std::string> names = attribute_names(first);
-    for (std::size_t f = 1; f < shards_.size(); ++f)
-      if (attribute_names(shards_[f].file.get()) != names) differ("their root attributes", 0, f);
+    const std::vector<std::string> names = attribute_names(roots.front());
+    for (std::size_t f = 1; f < roots.size(); ++f)
+      if (attribute_names(roots[f]) != names) differ("their root attributes", 0, f);
     for (const std::string& name : names) {
       if (kShardOnlyAttributes.count(name)) continue;
-      const AttributeValue value = read_attribute(first, name);
+      const AttributeValue value = read_attribute(roots.front(), name);
       if (!kPerFileAttributes.count(name))
-        for (std::size_t f = 1; f < shards_.size(); ++f)
-          if (read_attribute(shards_[f].file.get(), name).value != value.value) differ("the root attribute " + name, 0, f);
+        for (std::size_t f = 1; f < roots.size(); ++f)
+          if (read_attribute(roots[f], name).value != value.value) differ("the root attribute " + name, 0, f);
       write_attribute_copy(out, name, value);
     }
     write_attribute(out, "created", created);
@@ -285,7 +305,7 @@ class Merger {
         else if (this_type != type) differ("the kind of " + child_path, 0, f);
       }
       if (type == H5O_TYPE_GROUP) {
-        Hid gcpl = checked(H5Gget_create_plist(ids.front()), H5Pclose, "H5Gget_create_plist");
+        Hid gcpl = ordered_like(ids.front(), H5P_GROUP_CREATE);
         Hid group = checked(H5Gcreate2(out, name.c_str(), H5P_DEFAULT, gcpl.get(), H5P_DEFAULT), H5Gclose, "create group " + child_path);
         copy_attributes(ids, group.get(), child_path);
         merge_group(ids, group.get(), child_path);
