@@ -139,9 +139,8 @@ std::string describe_items(const std::vector<PointWork>& items, std::uint32_t re
   std::size_t i = 0;
   bool one_point = true;
   while (i < items.size() && parts.size() < max_points) {
-    std::size_t j = i;
-    if (whole(i))
-      while (j + 1 < items.size() && whole(j + 1) && items[j + 1].point == items[j].point + 1) ++j;
+    std::size_t j = i;  // consecutive points with the same replicas make one range
+    while (j + 1 < items.size() && items[j + 1].point == items[j].point + 1 && items[j + 1].replicas == items[i].replicas) ++j;
     one_point = one_point && i == j;
     parts.push_back(range_text(items[i].point, items[j].point) +
                     (whole(i) ? "" : " (replica" + std::string(items[i].replicas.size() > 1 ? "s " : " ") + replica_text(items[i].replicas) + ")"));
