@@ -29,11 +29,13 @@ class SweepResult:
     traces:  dict trace -> (x [P, T], y [P, R, T]) float64, NaN-padded
     flags:   dict FLAG -> [P, R] bool (sticky FP status at the end of each run)
     done:    [P] bool: points whose replicas are all written
+    done_replicas: [P, R] bool: runs written (a shard's file holds some runs of a point)
     """
 
-    def __init__(self, attrs, points, metrics, traces, flags, done):
+    def __init__(self, attrs, points, metrics, traces, flags, done, done_replicas):
         self.attrs, self.points, self.metrics = attrs, points, metrics
         self.traces, self.flags, self.done = traces, flags, done
+        self.done_replicas = done_replicas
 
     def __repr__(self):
         return "SweepResult(experiment=%r, points=%d, replicas=%d, status=%r)" % (
@@ -68,23 +70,25 @@ def read(path):
                 traces[name] = (f["traces"][_plain(dataset.attrs["x"])][...], dataset[...])
         flags = {name: f["flags"][name][...].astype(bool) for name in FLAGS if name in f["flags"]}
         done = f["done"][...].astype(bool)
-    return SweepResult(attrs, points, metrics, traces, flags, done)
+        # Files written before /done_replicas existed mark whole points only.
+        replicas = int(attrs.get("replicas", 1))
+        done_replicas = (f["done_replicas"][...].astype(bool) if "done_replicas" in f
+                         else np.repeat(done[:, None], replicas, axis=1))
+    return SweepResult(attrs, points, metrics, traces, flags, done, done_replicas)
 
 
 def table(source):
-    """Tidy table of the finished points: one row per (point, replica), columns point,
+    """Tidy table of the finished runs: one row per (point, replica) written, columns point,
     replica, every parameter, every metric (a metric whose name is taken by a parameter
     gets the prefix "metric_"). `source` is a path or a SweepResult."""
     result = source if isinstance(source, SweepResult) else read(source)
-    n_points = len(result.done)
-    replicas = int(result.attrs.get("replicas", 1))
-    rows = np.repeat(np.flatnonzero(result.done), replicas)  # point index of each row
-    columns = {"point": rows, "replica": np.tile(np.arange(replicas), int(result.done.sum()))}
+    rows, replica = np.nonzero(result.done_replicas)  # row-major: by point, then replica
+    columns = {"point": rows, "replica": replica}
     for name, values in result.points.items():
         columns[name] = values[rows]
     for name, values in result.metrics.items():
         column = name if name not in columns else "metric_" + name
-        columns[column] = values.reshape(n_points * replicas)[rows * replicas + columns["replica"]]
+        columns[column] = values[rows, replica]
     try:
         import pandas
     except ImportError:
@@ -112,8 +116,10 @@ def main(argv):
     except (OSError, KeyError) as error:
         print("roundoff_h5.py: %s: not a readable sweep output (%s)" % (argv[1], error), file=sys.stderr)
         return 2
-    print("# %s: %d points x %d replicas, %s" % (result.attrs.get("experiment"), len(result.done),
-                                                 result.attrs.get("replicas", 0), result.attrs.get("status")))
+    shard = ("shard %d/%d, " % (result.attrs["shard_index"], result.attrs["shard_count"])
+             if "shard_index" in result.attrs else "")
+    print("# %s: %d points x %d replicas, %s%s" % (result.attrs.get("experiment"), len(result.done),
+                                                   result.attrs.get("replicas", 0), shard, result.attrs.get("status")))
     tidy = table(result)
     print(tidy.to_string(index=False) if hasattr(tidy, "to_string") else format_table(tidy))
     return 0
