@@ -21,6 +21,7 @@
 #include "h5file.hpp"
 #include "h5util.hpp"
 #include "shard.hpp"
+#include "signals.hpp"
 
 namespace roundoff::sweep {
 
@@ -201,6 +202,12 @@ void write_attribute_copy(hid_t object, const std::string& name, const Attribute
 
 // ---- the merge -----------------------------------------------------------------------
 
+// SIGINT or SIGTERM during the merge: the unfinished output is removed, exit 130.
+struct MergeInterrupted {};
+void stop_if_asked() {
+  if (stop_requested().load()) throw MergeInterrupted{};
+}
+
 // A new creation property list of `plist_class` (file or group) that tracks the link and
 // attribute creation order as `group` does. A copied list would carry the source's storage
 // details, which HDF5 1.10 cannot use for a new group; the file's own list does not hold
@@ -292,6 +299,7 @@ class Merger {
       if (theirs != ours) differ("the contents of " + (path.empty() ? std::string("/") : path), 0, f);
     }
     for (const std::string& name : names) {
+      stop_if_asked();
       const std::string child_path = path + "/" + name;
       std::vector<Hid> children;
       std::vector<hid_t> ids;
@@ -404,6 +412,7 @@ class Merger {
     std::vector<hsize_t> row_shape = merged;
     row_shape[0] = 1;
     for (hsize_t first = 0; first < n_points_; first += block_rows) {
+      stop_if_asked();
       const hsize_t rows = std::min(block_rows, n_points_ - first);
       std::vector<hsize_t> shape = merged;
       shape[0] = rows;
@@ -713,7 +722,12 @@ int merge_main(int argc, char** argv) {
     for (std::size_t i = 0; i < owners.size(); ++i)
       if (owners[i] == shards[f].shard.index) owner_file[i] = f;
   Merger merger(shards, owner_file);
-  publish_new_file(args.output, [&](const std::string& temporary) { merger.write(temporary); });
+  try {
+    publish_new_file(args.output, [&](const std::string& temporary) { merger.write(temporary); });
+  } catch (const MergeInterrupted&) {
+    std::fprintf(stderr, "sweep merge: interrupted; %s not written\n", args.output.c_str());
+    return 130;
+  }
   std::fprintf(stderr, "sweep merge: wrote %s from %zu shards (%zu runs)\n", args.output.c_str(), shards.size(), owners.size());
   if (!args.quiet) print_summary(args.output);
   return 0;

@@ -1,7 +1,7 @@
 // build/sweep with MPI (meson -Dmpi=enabled). Under mpirun, rank 0 runs the sweep as on one
 // machine (arguments, output, signals, exit status) and also computes on its own threads;
-// the other ranks compute the runs rank 0 hands them, a few per thread at a time, so that
-// points of very different cost balance out. Started without mpirun it is the ordinary
+// the other ranks compute the runs rank 0 hands them, a few more than they have threads at
+// a time, so that points of very different cost balance out. Started without mpirun it is the ordinary
 // sweep and never initialises MPI.
 //
 // Messages (all small except results, which carry a run's traces):
@@ -16,6 +16,7 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -36,7 +37,7 @@ namespace roundoff::sweep {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr auto kPoll = std::chrono::milliseconds(2);
+constexpr auto kPoll = std::chrono::milliseconds(1);
 // After rank 0 cancels the workers (a signal, a failure), it waits this long for their last
 // results before it closes the output: mpirun kills every rank one second after it
 // forwards a SIGINT or SIGTERM, and the file must be closed by then.
@@ -101,6 +102,8 @@ class MpiRemoteWorkers final : public RemoteWorkers {
     if (stopping) cancel();
     while (auto message = poll()) handle(*message, &pool, stopping, &deliver);
   }
+
+  std::chrono::milliseconds poll_interval() const override { return kPoll; }
 
   bool finished() const override {
     return remaining() == 0 || (cancelled_at_ && Clock::now() - *cancelled_at_ > kCancelGrace);
@@ -195,9 +198,11 @@ int worker_main() {
   }
   if (plan) {
     ComputePool pool(*plan, start.threads, stop);
-    // Enough items queued that no thread waits for the next hand-out, few enough that the
-    // last ones spread over all ranks.
-    const std::size_t capacity = 2 * pool.threads();
+    // Enough items that no thread waits for the next hand-out (a quarter of the threads
+    // finishing within the ~1 ms a request takes needs points of 4 ms or more), few
+    // enough that the last items spread over all ranks: at the end, each rank holds at
+    // most a quarter more items than it has threads.
+    const std::size_t capacity = pool.threads() + std::max<std::size_t>(2, pool.threads() / 4);
     bool asked = false, closed = false;
     while (!pool.idle()) {
       if (!asked && !closed && !stop.load() && pool.pending() < capacity) {
