@@ -551,6 +551,21 @@ TEST_CASE("under mpirun: bad input exits 2 with one line; --shard composes with 
   CHECK(sweep_test::first_difference(dir / "sum.h5", dir / "reference.h5") == "");
 }
 
+namespace {
+
+// Completes the partial long.h5 with `resume` (a sweep --resume command line) and compares
+// it with an uninterrupted single-machine run.
+void check_resume_completes(const TempDir& dir, const std::string& program, const std::vector<std::string>& resume) {
+  CHECK(sweep_test::string_attribute(dir / "long.h5", "/", "status") == "partial");
+  const auto resumed = run_program(program, resume, dir.path().string());
+  INFO(resumed.err);
+  REQUIRE(resumed.status == 0);
+  REQUIRE(run_program(sweep_binary(), {"long.yaml", "-o", "reference.h5", "--quiet"}, dir.path().string()).status == 0);
+  CHECK(sweep_test::first_difference(dir / "long.h5", dir / "reference.h5") == "");
+}
+
+}  // namespace
+
 TEST_CASE("under mpirun, SIGINT to rank 0 saves what finished and exits 130; --resume completes it", "[mpi]") {
   TempDir dir;
   write_file(dir / "long.yaml", kLong);
@@ -559,11 +574,7 @@ TEST_CASE("under mpirun, SIGINT to rank 0 saves what finished and exits 130; --r
   INFO(r.err);
   REQUIRE(r.status == 130);
   CHECK(r.err.find("continue with: sweep long.yaml --resume") != std::string::npos);
-  CHECK(sweep_test::string_attribute(dir / "long.h5", "/", "status") == "partial");
-  const auto resumed = run_program(mpirun(), mpi_args(2, {"long.yaml", "--resume", "--quiet"}), dir.path().string());
-  REQUIRE(resumed.status == 0);
-  REQUIRE(run_program(sweep_binary(), {"long.yaml", "-o", "reference.h5", "--quiet"}, dir.path().string()).status == 0);
-  CHECK(sweep_test::first_difference(dir / "long.h5", dir / "reference.h5") == "");
+  check_resume_completes(dir, mpirun(), mpi_args(2, {"long.yaml", "--resume", "--quiet"}));
 }
 
 TEST_CASE("under mpirun, a rank that dies makes the run exit non-zero with what finished saved", "[mpi]") {
@@ -575,11 +586,7 @@ TEST_CASE("under mpirun, a rank that dies makes the run exit non-zero with what 
   CHECK(r.status != 0);
   CHECK(r.status != -1);  // the rank was found and killed
   REQUIRE(std::filesystem::exists(dir / "long.h5"));
-  CHECK(sweep_test::string_attribute(dir / "long.h5", "/", "status") == "partial");
   const auto done = sweep_test::read_dataset<std::uint8_t>(dir / "long.h5", "done");
   CHECK(std::count(done.begin(), done.end(), 1) > 0);
-  const auto resumed = run_program(sweep_binary(), {"long.yaml", "--resume", "--quiet"}, dir.path().string());
-  REQUIRE(resumed.status == 0);
-  REQUIRE(run_program(sweep_binary(), {"long.yaml", "-o", "reference.h5", "--quiet"}, dir.path().string()).status == 0);
-  CHECK(sweep_test::first_difference(dir / "long.h5", dir / "reference.h5") == "");
+  check_resume_completes(dir, sweep_binary(), {"long.yaml", "--resume", "--quiet"});
 }
