@@ -685,9 +685,12 @@ int merge_main(int argc, char** argv) {
       problems.push_back("shard " + shard.text() + " is missing (" + (runs ? items.substr(2) : "no runs") +
                          "); compute it with: sweep " + config + " --shard " + shard.text() + " -o " + shell_quoted(path));
     } else {
+      // A file that says complete but lacks runs was not finished by sweep: computed anew.
+      const bool claims_complete = it->second->status == "complete";
       problems.push_back("shard " + shard.text() + " (" + it->second->path + ") is unfinished (status " + it->second->status +
-                         items + "); finish it with: sweep " + config + " --shard " + shard.text() + " -o " +
-                         shell_quoted(it->second->path) + " --resume");
+                         items + "); " + (claims_complete ? "recompute" : "finish") + " it with: sweep " + config +
+                         " --shard " + shard.text() + " -o " + shell_quoted(it->second->path) +
+                         (claims_complete ? " --force" : " --resume"));
     }
   }
   if (!problems.empty()) {
