@@ -184,20 +184,20 @@ std::optional<Message> wait_for_rank_0(const std::atomic<bool>& stop) {
 
 int worker_main() {
   const StopSignals signals;
-  std::atomic<bool>& stop = stop_requested();
-  const auto first = wait_for_rank_0(stop);
+  const std::atomic<bool>& signalled = stop_requested();  // a signal to this process
+  const auto first = wait_for_rank_0(signalled);
   if (!first) return kExitInterrupted;
   if (first->tag != kStart) return 0;  // quit: rank 0 runs nothing (bad input, --help, ...)
   const StartMessage start = decode_start(first->bytes);
   std::optional<SweepPlan> plan;
-  bool told_to_stop = false;  // by rank 0, as opposed to a signal to this process
   try {
     plan = parse_plan(start.config_text, start.config_path, std::nullopt, /*check_output_folder=*/false);
   } catch (const std::exception& e) {
     send(0, kFailed, "(" + host_name() + ") cannot run the config: " + e.what());
   }
   if (plan) {
-    ComputePool pool(*plan, start.threads, stop);
+    std::atomic<bool> cancel{false};  // by a signal or by rank 0
+    ComputePool pool(*plan, start.threads, cancel);
     // Enough items that no thread waits for the next hand-out (a quarter of the threads
     // finishing within the ~1 ms a request takes needs points of 4 ms or more), few
     // enough that the last items spread over all ranks: at the end, each rank holds at
@@ -205,7 +205,7 @@ int worker_main() {
     const std::size_t capacity = pool.threads() + std::max<std::size_t>(2, pool.threads() / 4);
     bool asked = false, closed = false;
     while (!pool.idle()) {
-      if (!asked && !closed && !stop.load() && pool.pending() < capacity) {
+      if (!asked && !closed && !cancel.load() && pool.pending() < capacity) {
         send(0, kRequest, count_bytes(static_cast<std::uint32_t>(capacity - pool.pending())));
         asked = true;
       }
@@ -214,19 +214,21 @@ int worker_main() {
       while (auto message = poll(0)) {
         if (message->tag == kAssign) pool.add(decode_items(message->bytes)), asked = false;
         else if (message->tag == kNoMore) closed = true;
-        else if (message->tag == kCancel || message->tag == kQuit) stop.store(true), told_to_stop = true;
+        else if (message->tag == kCancel || message->tag == kQuit) cancel.store(true);
         else throw std::runtime_error("MPI: unexpected message " + std::to_string(message->tag) + " from rank 0");
       }
-      if (stop.load()) pool.wake_on_stop();
-      if (closed || stop.load()) pool.close();
+      if (signalled.load()) cancel.store(true);
+      if (cancel.load()) pool.wake_on_stop();
+      if (closed || cancel.load()) pool.close();
     }
   }
   send(0, kBye);
-  const bool interrupted = stop.load() && !told_to_stop;
-  for (;;) {  // until rank 0 is done with everyone, so that all ranks finalise together
-    const auto message = wait_for_rank_0(stop);
+  // Until rank 0 is done with everyone, so that all ranks finalise together and rank 0's
+  // exit status is the job's.
+  for (;;) {
+    const auto message = wait_for_rank_0(signalled);
     if (!message) return kExitInterrupted;
-    if (message->tag == kQuit) return interrupted ? kExitInterrupted : 0;
+    if (message->tag == kQuit) return 0;
   }
 }
 
