@@ -373,9 +373,12 @@ class Merger {
       copy_attributes(sets, dataset.get(), path);
       merge_rows(sets, dims, dataset.get(), merged, memory_type.get(), fill, path);
     } else {
-      Hid dataset = create(out_group, name, file_type.get(), merged, max_dims, dcpl.get());
+      // The source's own dataspace: scalar and empty (null) ones too.
+      Hid space = checked(H5Dget_space(sets.front()), H5Sclose, "H5Dget_space");
+      Hid dataset = checked(H5Dcreate2(out_group, name.c_str(), file_type.get(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+                            H5Dclose, "create dataset " + name);
       copy_attributes(sets, dataset.get(), path);
-      copy_identical(sets, dataset.get(), merged, memory_type.get(), fill, path);
+      copy_identical(sets, dataset.get(), memory_type.get(), fill, path);
     }
   }
 
@@ -458,17 +461,16 @@ class Merger {
     }
   }
 
-  void copy_identical(const std::vector<hid_t>& sets, hid_t out, const std::vector<hsize_t>& dims, hid_t memory_type,
-                      const std::string& fill, const std::string& path) {
+  void copy_identical(const std::vector<hid_t>& sets, hid_t out, hid_t memory_type, const std::string& fill, const std::string& path) {
+    Hid space = checked(H5Dget_space(sets.front()), H5Sclose, "H5Dget_space");
+    const auto elements = static_cast<std::size_t>(std::max<hssize_t>(0, H5Sget_simple_extent_npoints(space.get())));
     std::vector<std::unique_ptr<ElementBuffer>> buffers;
     std::vector<std::string> values;
-    hsize_t elements = 1;
-    for (hsize_t d : dims) elements *= d;
     for (std::size_t f = 0; f < sets.size(); ++f) {
-      buffers.push_back(std::make_unique<ElementBuffer>(memory_type, dims, fill));
+      buffers.push_back(std::make_unique<ElementBuffer>(memory_type, std::vector<hsize_t>{elements}, fill));
       if (elements) check(H5Dread(sets[f], memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buffers.back()->data()), "read " + path);
       std::string value;
-      for (hsize_t e = 0; e < elements; ++e) value += element_value(memory_type, buffers.back()->data() + e * fill.size());
+      for (std::size_t e = 0; e < elements; ++e) value += element_value(memory_type, buffers.back()->data() + e * fill.size());
       values.push_back(std::move(value));
       if (values.back() != values.front()) differ(path + " (not indexed by point, so it cannot be combined)", 0, f);
     }
