@@ -25,7 +25,7 @@ Hid::~Hid() {
   if (id_ >= 0 && close_) close_(id_);
 }
 
-void silence_hdf5_errors() { if (!getenv("DBGH5")) H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+void silence_hdf5_errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
 void check(herr_t status, const std::string& what) {
   if (status < 0) throw std::runtime_error("HDF5: " + what + " failed");
