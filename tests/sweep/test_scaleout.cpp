@@ -564,13 +564,19 @@ void check_resume_completes(const TempDir& dir, const std::string& program, cons
   CHECK(sweep_test::first_difference(dir / "long.h5", dir / "reference.h5") == "");
 }
 
+// Runs kLong under mpirun on `ranks` ranks of one thread and sends `signal` to `rank`
+// 0.6 s after the output appears.
+ProcessResult signal_long_run(const TempDir& dir, int ranks, int rank, int signal) {
+  write_file(dir / "long.yaml", kLong);
+  return kill_rank_during_run(dir, mpi_args(ranks, {"long.yaml", "-j", "1"}), "long.h5", rank, signal,
+                              std::chrono::milliseconds(600));
+}
+
 }  // namespace
 
 TEST_CASE("under mpirun, SIGINT to rank 0 saves what finished and exits 130; --resume completes it", "[mpi]") {
   TempDir dir;
-  write_file(dir / "long.yaml", kLong);
-  const ProcessResult r = kill_rank_during_run(dir, mpi_args(2, {"long.yaml", "-j", "1"}), "long.h5", 0, SIGINT,
-                                               std::chrono::milliseconds(600));
+  const ProcessResult r = signal_long_run(dir, 2, 0, SIGINT);
   INFO(r.err);
   REQUIRE(r.status == 130);
   CHECK(r.err.find("continue with: sweep long.yaml --resume") != std::string::npos);
@@ -579,9 +585,7 @@ TEST_CASE("under mpirun, SIGINT to rank 0 saves what finished and exits 130; --r
 
 TEST_CASE("under mpirun, a rank that dies makes the run exit non-zero with what finished saved", "[mpi]") {
   TempDir dir;
-  write_file(dir / "long.yaml", kLong);
-  const ProcessResult r = kill_rank_during_run(dir, mpi_args(3, {"long.yaml", "-j", "1"}), "long.h5", 1, SIGKILL,
-                                               std::chrono::milliseconds(600));
+  const ProcessResult r = signal_long_run(dir, 3, 1, SIGKILL);
   INFO(r.err);
   CHECK(r.status != 0);
   CHECK(r.status != -1);  // the rank was found and killed
