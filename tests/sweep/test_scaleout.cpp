@@ -116,6 +116,12 @@ const std::string kTrain =
     "  loss_scale: [none, 128, dynamic]\n  samples: 200\n  features: 8\n  classes: 3\n  width1: 8\n  epochs: 2\n"
     "  batch: 16\n  hist_every: 4\n";
 
+// Issue 9's tables: 8 points x 3 replicas of fp16 sums that overflow, half of them counting
+// (/fp_counts) and half trapping (/traps), with split points among the shards.
+const std::string kExceptions =
+    "experiment: summation\nseed: 5\nreplicas: 3\noutput: exc.h5\ngrid:\n  series: [constant]\n"
+    "  value: [1000, 3000]\n  n: [100, 300]\n  format: [fp16]\n  fp_exceptions: [count, trap]\n";
+
 void check_three_shards_merge_to_the_unsharded_run(const std::string& stem, const std::string& config_text) {
   TempDir dir;
   const std::string config = stem + ".yaml";
@@ -152,6 +158,11 @@ TEST_CASE("summation: shards 0/3, 1/3, 2/3 merged equal the unsharded run bit fo
 
 TEST_CASE("train: shards 0/3, 1/3, 2/3 merged equal the unsharded run bit for bit", "[scaleout]") {
   check_three_shards_merge_to_the_unsharded_run("train", kTrain);
+}
+
+TEST_CASE("fp_exceptions counts and traps: shards merged equal the unsharded run bit for bit", "[scaleout]") {
+  REQUIRE(some_point_split(8, 3, 3));
+  check_three_shards_merge_to_the_unsharded_run("exc", kExceptions);
 }
 
 TEST_CASE("a shard file: same schema, /done_replicas marks exactly its runs, root attributes name the shard", "[scaleout]") {
@@ -519,8 +530,9 @@ const std::string kLong = "experiment: swamping\nseed: 9\nreplicas: 2\noutput: l
 
 }  // namespace
 
-TEST_CASE("mpirun -n 2 --oversubscribe gives the datasets of -j1 (summation and train)", "[mpi]") {
-  for (const auto& [stem, text] : {std::pair<std::string, std::string>{"sum", kSummation}, {"train", kTrain}}) {
+TEST_CASE("mpirun -n 2 --oversubscribe gives the datasets of -j1 (summation, train, counts and traps)", "[mpi]") {
+  for (const auto& [stem, text] : {std::pair<std::string, std::string>{"sum", kSummation}, {"train", kTrain},
+                                   {"exc", kExceptions}}) {
     INFO(stem);
     TempDir dir;
     write_file(dir / (stem + ".yaml"), text);
