@@ -210,7 +210,7 @@ std::shared_ptr<const Split> load_data(const std::string& path, std::string& sou
   Split s;
   if (std::filesystem::exists(path)) {
     source = path + " (8x8 digits)";
-    s = roundoff::data::split(*roundoff::data::load_h5(path), 0.2, kSeed);
+    s = roundoff::data::split(roundoff::data::load_h5(path)->samples, 0.2, kSeed);
   } else {
     source = "synthetic, 1797 x 64, 10 classes (" + path +
              " not found: run /usr/bin/python3 scripts/make_digits_h5.py, or pass the file's path)";

@@ -100,6 +100,12 @@ bool Format::representable(double value) const {
   if (!std::isfinite(value)) return std::isnan(value) || has_infinity();
   const double a = std::fabs(value);
   if (a == 0.0) return true;
+  // Fast path on the double's fields (as in encode): a normal double within this
+  // format's normal range is one of its values iff no bits lie below its last fraction bit.
+  const auto bits = std::bit_cast<std::uint64_t>(a);
+  const int exponent = static_cast<int>(bits >> 52) - 1023;
+  if (exponent >= emin_ && a <= max_finite_)
+    return (bits & ((std::uint64_t{1} << (52 - fraction_bits_)) - 1)) == 0;
   if (a > max_finite_) return false;
   if (a < min_normal_ && !subnormals_) return false;
   const int e = std::max(std::ilogb(a), emin_);

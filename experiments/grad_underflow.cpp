@@ -26,7 +26,7 @@ struct GradientSample {
 std::shared_ptr<const GradientSample> record_gradients(const Params& p, const RunEnv& env) {
   TrainSpec spec;  // update fp32: all fp32, no loss scaling
   read_run_params(p, spec);
-  Trainer trainer(spec, prepare_data(p, env.stream.seed), env.stream.seed, env.stream.replica, env.stream);
+  Trainer trainer(spec, prepare_data(p, env.stream.seed, Standardisation::per_feature), env.stream.seed, env.stream.replica, env.stream);
   auto sample = std::make_shared<GradientSample>();
   std::array<std::uint64_t, kHistBins> counts{};
   const std::int64_t total = trainer.steps_per_epoch() * spec.epochs;

@@ -1,5 +1,7 @@
 #include "mlp.hpp"
 
+#include "convnets.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -20,11 +22,6 @@ int index_by_name(const char* const (&names)[N], std::string_view name, const ch
   throw std::invalid_argument("unknown " + std::string(what) + " '" + std::string(name) + "' (known: " + known + ")");
 }
 
-double round_constant(const emu::Format& f, double v) {
-  emu::Flags ignored = 0;
-  return emu::round(f, v, emu::RoundSpec{}, nullptr, ignored);
-}
-
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 }  // namespace
@@ -34,6 +31,9 @@ UpdateRule update_rule_by_name(std::string_view name) {
 }
 OptimizerKind optimizer_by_name(std::string_view name) {
   return static_cast<OptimizerKind>(index_by_name(kOptimizerNames, name, "optimizer"));
+}
+ModelKind model_by_name(std::string_view name) {
+  return static_cast<ModelKind>(index_by_name(kModelNames, name, "model"));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -200,7 +200,7 @@ CastLoss cast_loss(const std::vector<double>& values, const emu::Format& f, doub
 // Mlp
 
 Mlp::Mlp(int inputs, std::vector<int> hidden, int classes, ModelFormats formats, const emu::MatrixUnit& unit)
-    : inputs_(inputs), classes_(classes), formats_(std::move(formats)), unit_(unit) {
+    : formats_(std::move(formats)), unit_(unit), bn_constants_(BatchNormConstants::in(formats_.bn_fwd)) {
   widths_.push_back(inputs);
   widths_.insert(widths_.end(), hidden.begin(), hidden.end());
   widths_.push_back(classes);
@@ -215,175 +215,53 @@ Mlp::Mlp(int inputs, std::vector<int> hidden, int classes, ModelFormats formats,
     running_mean[b].assign(widths_[b + 1], 0.0);
     running_var[b].assign(widths_[b + 1], 1.0);
   }
-  momentum_ = round_constant(formats_.bn_fwd, kBnMomentum);
-  one_minus_momentum_ = round_constant(formats_.bn_fwd, 1.0 - kBnMomentum);
-  eps_ = round_constant(formats_.bn_fwd, kBnEps);
-  xhat_.resize(n_layers - 1);
-  inv_std_.resize(n_layers - 1);
+  bn_saved_.resize(n_layers - 1);
   bn_out_.resize(n_layers - 1);
 }
 
-// c (m x n, values of `out`) = a (m x k) * b (k x n) through the unit, operands rounded
-// into the unit's input format, the unit's output rounded into `out`.
-void Mlp::gemm(emu::Context& ctx, std::size_t m, std::size_t n, std::size_t k, const std::vector<double>& a,
-               const std::vector<double>& b, const emu::Format& out, std::vector<double>& c) const {
-  ctx.clear_element();  // the unit reports its own elements, if any
-  const emu::Format& in = unit_.input_format();
-  auto as_input = [&](const std::vector<double>& v) {
-    std::vector<double> r(v);
-    for (double& x : r) x = ctx.convert(in, x);
-    return r;
-  };
-  const std::vector<double> ai = as_input(a), bi = as_input(b);
-  const emu::Format& unit_out = unit_.output_format();
-  c.resize(m * n);
-  for (double& x : c) x = ctx.convert(unit_out, x);
-  unit_.gemm(ctx, m, n, k, ai.data(), k, bi.data(), n, c.data(), n);
-  if (!(unit_out == out))
-    for (double& x : c) x = ctx.convert(out, x);
-}
-
 namespace {
-
-// Sets the element (i, j) of a tensor with `cols` columns, or (j) of a vector.
-void set_element_2d(emu::Context& ctx, std::size_t i, std::size_t j, std::size_t cols) {
-  const auto row = static_cast<std::int64_t>(i), col = static_cast<std::int64_t>(j);
-  ctx.set_element(row * static_cast<std::int64_t>(cols) + col, {row, col});
-}
-void set_element_1d(emu::Context& ctx, std::size_t j) {
-  const auto index = static_cast<std::int64_t>(j);
-  ctx.set_element(index, {index});
-}
-
-// Softmax cross-entropy of one sample in the loss format `lf`: e[j] = exp(logit_j - max)
-// (emu has no exp or log: computed in fp64 and rounded once into lf), their sum, and the
-// loss lse - logit_label with lse = max + log(sum). Elements: (sample, class) for the
-// exponentials and their sum, (sample) for the rest.
-struct SoftmaxTerms {
-  double loss, sum;
-};
-SoftmaxTerms softmax_terms(emu::Context& ctx, const emu::Format& lf, const double* logits, std::size_t classes,
-                           int label, std::vector<double>& e, std::size_t sample) {
-  double max = logits[0];
-  for (std::size_t j = 1; j < classes; ++j) max = std::max(max, logits[j]);
-  e.resize(classes);
-  double sum = 0.0;
-  for (std::size_t j = 0; j < classes; ++j) {
-    set_element_2d(ctx, sample, j, classes);
-    e[j] = ctx.convert(lf, std::exp(ctx.sub(lf, logits[j], max)));
-    sum = ctx.add(lf, sum, e[j]);
-  }
-  set_element_1d(ctx, sample);
-  const double lse = ctx.add(lf, max, ctx.convert(lf, std::log(sum)));
-  return {ctx.sub(lf, lse, logits[label]), sum};
-}
 
 // Scope names of layer l (0-based): its Linear "l<l+1>", the batch norm after it "bn<l+1>"
 // (append: gcc 12 warns falsely (-Wrestrict) on "l" + std::to_string(...)).
 std::string linear_name(int l) { return std::string("l").append(std::to_string(l + 1)); }
 std::string bn_name(int l) { return std::string("bn").append(std::to_string(l + 1)); }
 
-std::vector<double> transpose(const std::vector<double>& a, std::size_t rows, std::size_t cols) {
-  std::vector<double> t(a.size());
-  for (std::size_t i = 0; i < rows; ++i)
-    for (std::size_t j = 0; j < cols; ++j) t[j * rows + i] = a[i * cols + j];
-  return t;
-}
-
 }  // namespace
 
-std::vector<double> Mlp::linear(emu::Context& ctx, int l, std::size_t rows, const std::vector<double>& h) const {
-  const emu::Scope scope(ctx, linear_name(l));
-  const std::size_t in = widths_[l], out = widths_[l + 1];
+Tensor Mlp::linear(Emulated& e, int l, const Tensor& h) const {
+  const emu::Scope scope(e.ctx, linear_name(l));
   const bool last = l == layers() - 1;
-  std::vector<double> z(rows * out, 0.0);
-  if (last)
-    for (std::size_t i = 0; i < rows; ++i)
-      for (std::size_t j = 0; j < out; ++j) z[i * out + j] = bias.value[j];
-  gemm(ctx, rows, out, in, h, weights[l].value, last ? formats_.act : formats_.bn_fwd, z);
-  return z;
+  return dense(e, h, weights[l], last ? &bias : nullptr, static_cast<std::size_t>(widths_[l + 1]),
+               last ? formats_.act : formats_.bn_fwd);
 }
 
 double Mlp::forward_backward(emu::Context& ctx, const std::vector<double>& x, const std::vector<int>& y,
                              double loss_scale) {
   const std::size_t batch = y.size();
   const int n_layers = layers();
-  const ModelFormats& f = formats_;
-  const double batch_size = static_cast<double>(batch);
+  Emulated e{ctx, formats_, unit_};
 
   // Forward: scopes forward.l<k> (Linear), forward.bn<k> (batch norm and ReLU).
-  std::vector<double> h = x;
+  Tensor h(Shape{batch, static_cast<std::size_t>(widths_[0]), 1, 1});
+  h.v = x;
   {
     const emu::Scope forward(ctx, "forward");
     for (int l = 0; l < n_layers; ++l) {
-      const std::size_t out = widths_[l + 1];
       layer_input_[l] = h;
-      std::vector<double> z = linear(ctx, l, batch, h);
-      if (l == n_layers - 1) {
-        h = std::move(z);
-        break;
-      }
-      // Batch norm (batch statistics) in bn_fwd, output rounded into act, then ReLU.
-      // Elements: (sample, channel), or (channel) for the statistics.
+      h = linear(e, l, h);
+      if (l == n_layers - 1) break;
       const emu::Scope scope(ctx, bn_name(l));
-      const emu::Format& bn = f.bn_fwd;
-      std::vector<double>& xhat = xhat_[l];
-      std::vector<double>& inv_std = inv_std_[l];
-      xhat.resize(batch * out);
-      inv_std.resize(out);
-      h.assign(batch * out, 0.0);
-      for (std::size_t j = 0; j < out; ++j) {
-        set_element_1d(ctx, j);
-        double sum = 0.0;
-        for (std::size_t i = 0; i < batch; ++i) sum = ctx.add(bn, sum, z[i * out + j]);
-        const double mean = ctx.div(bn, sum, batch_size);
-        double squares = 0.0;
-        for (std::size_t i = 0; i < batch; ++i) {
-          const double c = ctx.sub(bn, z[i * out + j], mean);
-          squares = ctx.fma(bn, c, c, squares);
-        }
-        const double var = ctx.div(bn, squares, batch_size);
-        inv_std[j] = ctx.div(bn, 1.0, ctx.sqrt(bn, ctx.add(bn, var, eps_)));
-        const double unbiased = batch > 1 ? ctx.div(bn, squares, batch_size - 1.0) : var;
-        running_mean[l][j] = ctx.fma(bn, one_minus_momentum_, running_mean[l][j], ctx.mul(bn, momentum_, mean));
-        running_var[l][j] = ctx.fma(bn, one_minus_momentum_, running_var[l][j], ctx.mul(bn, momentum_, unbiased));
-        for (std::size_t i = 0; i < batch; ++i) {
-          const std::size_t k = i * out + j;
-          set_element_2d(ctx, i, j, out);
-          xhat[k] = ctx.mul(bn, ctx.sub(bn, z[k], mean), inv_std[j]);
-          const double bn_y = ctx.fma(f.act, gamma[l].value[j], xhat[k], beta[l].value[j]);
-          h[k] = bn_y > 0 ? bn_y : 0.0;  // ReLU (NaN propagates)
-          if (std::isnan(bn_y)) h[k] = bn_y;
-        }
-      }
-      ctx.clear_element();
+      h = relu(batch_norm_train(e, h, gamma[l], beta[l], running_mean[l], running_var[l], bn_constants_, bn_saved_[l]));
       bn_out_[l] = h;
     }
   }
 
-  // Softmax cross-entropy in the loss format; dlogits = (p - onehot) * S / B (scope loss;
-  // elements (sample, class), or (sample)).
-  const std::size_t classes = classes_;
-  std::vector<double> dz(batch * classes);
+  // Softmax cross-entropy in the loss format (scope loss).
+  Tensor dz(h.shape);
   double loss = 0.0;
   {
     const emu::Scope loss_scope(ctx, "loss");
-    const emu::Format& lf = f.loss;
-    const double scale_over_batch = round_constant(lf, loss_scale / batch_size);
-    double loss_sum = 0.0;
-    std::vector<double> e;
-    for (std::size_t i = 0; i < batch; ++i) {
-      const SoftmaxTerms t = softmax_terms(ctx, lf, &h[i * classes], classes, y[i], e, i);
-      loss_sum = ctx.add(lf, loss_sum, t.loss);
-      for (std::size_t j = 0; j < classes; ++j) {
-        set_element_2d(ctx, i, j, classes);
-        const double p = ctx.div(lf, e[j], t.sum);
-        const double d = ctx.sub(lf, p, static_cast<int>(j) == y[i] ? 1.0 : 0.0);
-        dz[i * classes + j] = ctx.convert(f.grad, ctx.mul(lf, d, scale_over_batch));
-      }
-    }
-    ctx.clear_element();
-    loss = ctx.div(lf, loss_sum, batch_size);
+    loss = softmax_cross_entropy(ctx, formats_, h.v, y, static_cast<std::size_t>(widths_.back()), loss_scale, dz.v);
   }
 
   // Backward: dz is the gradient at the output of layer l's Linear. Scopes
@@ -392,176 +270,74 @@ double Mlp::forward_backward(emu::Context& ctx, const std::vector<double>& x, co
   // (through ReLU and batch norm; elements (sample, channel), or (channel)).
   const emu::Scope backward(ctx, "backward");
   for (int l = n_layers - 1; l >= 0; --l) {
-    const std::size_t in = widths_[l], out = widths_[l + 1];
-    std::vector<double> dh(batch * in, 0.0);
+    Tensor dh;
     {
       const emu::Scope layer(ctx, linear_name(l));
-      if (l == n_layers - 1) {
-        const emu::Scope scope(ctx, "bias");
-        for (std::size_t j = 0; j < out; ++j) {
-          set_element_1d(ctx, j);
-          double s = 0.0;
-          for (std::size_t i = 0; i < batch; ++i) s = ctx.add(f.grad, s, dz[i * out + j]);
-          bias.grad[j] = s;
-        }
-        ctx.clear_element();
-      }
-      std::vector<double> dw(in * out, 0.0);
-      {
-        const emu::Scope scope(ctx, "dw");
-        gemm(ctx, in, out, batch, transpose(layer_input_[l], batch, in), dz, f.grad, dw);
-      }
-      weights[l].grad = std::move(dw);
-      if (l == 0) break;
-      const emu::Scope scope(ctx, "dx");
-      gemm(ctx, batch, in, out, dz, transpose(weights[l].value, in, out), f.grad, dh);
+      dh = dense_backward(e, layer_input_[l], dz, weights[l], l == n_layers - 1 ? &bias : nullptr, l > 0);
     }
+    if (l == 0) break;
     // Gradient at the previous block's output, through ReLU and batch norm.
     const int b = l - 1;
     const emu::Scope scope(ctx, bn_name(b));
-    const emu::Format& bn = f.bn_bwd;
-    const std::vector<double>& xhat = xhat_[b];
-    std::vector<double> dz_prev(batch * in);
-    std::vector<double> dxhat(batch);
-    for (std::size_t j = 0; j < in; ++j) {
-      double dgamma = 0.0, dbeta = 0.0, sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
-      for (std::size_t i = 0; i < batch; ++i) {
-        const std::size_t k = i * in + j;
-        set_element_2d(ctx, i, j, in);
-        const double dy = bn_out_[b][k] > 0 ? dh[k] : 0.0;
-        dgamma = ctx.fma(bn, dy, xhat[k], dgamma);
-        dbeta = ctx.add(bn, dbeta, dy);
-        dxhat[i] = ctx.mul(bn, dy, gamma[b].value[j]);
-        sum_dxhat = ctx.add(bn, sum_dxhat, dxhat[i]);
-        sum_dxhat_xhat = ctx.fma(bn, dxhat[i], xhat[k], sum_dxhat_xhat);
-      }
-      gamma[b].grad[j] = dgamma;
-      beta[b].grad[j] = dbeta;
-      set_element_1d(ctx, j);
-      const double mean_dxhat = ctx.div(bn, sum_dxhat, batch_size);
-      const double mean_dxhat_xhat = ctx.div(bn, sum_dxhat_xhat, batch_size);
-      // dz = inv_std * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
-      for (std::size_t i = 0; i < batch; ++i) {
-        const std::size_t k = i * in + j;
-        set_element_2d(ctx, i, j, in);
-        const double centred = ctx.sub(bn, ctx.sub(bn, dxhat[i], mean_dxhat), ctx.mul(bn, xhat[k], mean_dxhat_xhat));
-        dz_prev[k] = ctx.mul(f.grad, inv_std_[b][j], centred);
-      }
-    }
-    ctx.clear_element();
-    dz = std::move(dz_prev);
+    dz = batch_norm_backward(e, relu_backward(bn_out_[b], std::move(dh)), bn_saved_[b], gamma[b], beta[b]);
   }
   return loss;
 }
 
 std::vector<double> Mlp::logits(emu::Context& ctx, const std::vector<double>& x, std::size_t first_row) const {
-  const std::size_t rows = x.size() / static_cast<std::size_t>(inputs_);
+  const std::size_t rows = x.size() / static_cast<std::size_t>(widths_[0]);
   const int n_layers = layers();
-  const ModelFormats& f = formats_;
-  std::vector<double> h = x;
+  Emulated e{ctx, formats_, unit_, first_row};
+  Tensor h(Shape{rows, static_cast<std::size_t>(widths_[0]), 1, 1});
+  h.v = x;
   for (int l = 0; l < n_layers; ++l) {
-    const std::size_t out = widths_[l + 1];
-    std::vector<double> z = linear(ctx, l, rows, h);
-    if (l == n_layers - 1) return z;
+    h = linear(e, l, h);
+    if (l == n_layers - 1) break;
     // Batch norm with the running statistics in bn_fwd, output rounded into act, ReLU.
     const emu::Scope scope(ctx, bn_name(l));
-    const emu::Format& bn = f.bn_fwd;
-    h.assign(rows * out, 0.0);
-    for (std::size_t j = 0; j < out; ++j) {
-      set_element_1d(ctx, j);
-      const double inv_std = ctx.div(bn, 1.0, ctx.sqrt(bn, ctx.add(bn, running_var[l][j], eps_)));
-      for (std::size_t i = 0; i < rows; ++i) {
-        const std::size_t k = i * out + j;
-        set_element_2d(ctx, first_row + i, j, out);
-        const double xhat = ctx.mul(bn, ctx.sub(bn, z[k], running_mean[l][j]), inv_std);
-        const double bn_y = ctx.fma(f.act, gamma[l].value[j], xhat, beta[l].value[j]);
-        h[k] = bn_y > 0 || std::isnan(bn_y) ? bn_y : 0.0;  // ReLU (NaN propagates)
-      }
-    }
-    ctx.clear_element();
+    h = relu(batch_norm_infer(e, h, gamma[l], beta[l], running_mean[l], running_var[l], bn_constants_));
   }
-  return h;  // not reached: the last layer returns
-}
-
-Evaluation Mlp::evaluate(emu::Context& ctx, const data::Dataset& d) const {
-  constexpr std::size_t kChunk = 256;  // rows per pass, to bound memory (rows are independent)
-  const std::size_t n = d.size(), features = inputs_, classes = classes_;
-  double loss_sum = 0.0;
-  std::size_t correct = 0;
-  std::vector<double> e;
-  for (std::size_t first = 0; first < n; first += kChunk) {
-    const std::size_t rows = std::min(kChunk, n - first);
-    std::vector<double> x(rows * features);
-    {
-      const emu::Scope scope(ctx, "input");
-      for (std::size_t k = 0; k < x.size(); ++k) {
-        set_element_2d(ctx, first + k / features, k % features, features);
-        x[k] = ctx.convert(formats_.act, d.x[first * features + k]);
-      }
-      ctx.clear_element();
-    }
-    const std::vector<double> z = logits(ctx, x, first);
-    const emu::Scope scope(ctx, "loss");
-    for (std::size_t i = 0; i < rows; ++i) {
-      const double* row = &z[i * classes];
-      const int label = d.y[first + i];
-      loss_sum += softmax_terms(ctx, formats_.loss, row, classes, label, e, first + i).loss;
-      bool all_finite = true;
-      for (std::size_t j = 0; j < classes; ++j) all_finite = all_finite && std::isfinite(row[j]);
-      const auto best = std::max_element(row, row + classes) - row;
-      if (all_finite && best == label) ++correct;
-    }
-    ctx.clear_element();
-  }
-  return Evaluation{loss_sum / static_cast<double>(n), static_cast<double>(correct) / static_cast<double>(n)};
+  return h.v;
 }
 
 Evaluation Mlp::evaluate_fp64(const data::Dataset& d) const {
   const std::size_t n = d.size();
-  std::vector<double> h(d.x.begin(), d.x.end());
+  Tensor h(Shape{n, static_cast<std::size_t>(d.features), 1, 1});
+  h.v.assign(d.x.begin(), d.x.end());
   const int n_layers = layers();
   for (int l = 0; l < n_layers; ++l) {
-    const std::size_t in = widths_[l], out = widths_[l + 1];
+    const std::size_t out = widths_[l + 1];
     const bool last = l == n_layers - 1;
-    std::vector<double> z(n * out, 0.0);
-    for (std::size_t i = 0; i < n; ++i)
-      for (std::size_t j = 0; j < out; ++j) {
-        double s = last ? bias.value[j] : 0.0;
-        for (std::size_t k = 0; k < in; ++k) s += h[i * in + k] * weights[l].value[k * out + j];
-        z[i * out + j] = s;
-      }
-    if (!last) {
-      for (std::size_t j = 0; j < out; ++j) {
-        double mean = 0.0, var = 0.0;
-        for (std::size_t i = 0; i < n; ++i) mean += z[i * out + j];
-        mean /= static_cast<double>(n);
-        for (std::size_t i = 0; i < n; ++i) var += (z[i * out + j] - mean) * (z[i * out + j] - mean);
-        var /= static_cast<double>(n);
-        const double inv_std = 1.0 / std::sqrt(var + kBnEps);
-        for (std::size_t i = 0; i < n; ++i) {
-          const double v = gamma[l].value[j] * (z[i * out + j] - mean) * inv_std + beta[l].value[j];
-          z[i * out + j] = std::isnan(v) ? v : std::max(v, 0.0);
-        }
-      }
+    h = dense(Fp64{}, h, weights[l], last ? &bias : nullptr, out);
+    if (last) break;
+    // Batch norm with the statistics of the whole set.
+    std::vector<double>& z = h.v;
+    for (std::size_t j = 0; j < out; ++j) {
+      double mean = 0.0, var = 0.0;
+      for (std::size_t i = 0; i < n; ++i) mean += z[i * out + j];
+      mean /= static_cast<double>(n);
+      for (std::size_t i = 0; i < n; ++i) var += (z[i * out + j] - mean) * (z[i * out + j] - mean);
+      var /= static_cast<double>(n);
+      const double inv_std = 1.0 / std::sqrt(var + kBnEps);
+      for (std::size_t i = 0; i < n; ++i) z[i * out + j] = gamma[l].value[j] * (z[i * out + j] - mean) * inv_std + beta[l].value[j];
     }
-    h = std::move(z);
+    h = relu(h);
   }
-  Evaluation e;
-  const std::size_t classes = classes_;
-  std::size_t correct = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const double* logits = &h[i * classes];
-    const std::size_t best = static_cast<std::size_t>(std::max_element(logits, logits + classes) - logits);
-    double sum = 0.0;
-    for (std::size_t j = 0; j < classes; ++j) sum += std::exp(logits[j] - logits[best]);
-    e.loss += logits[best] + std::log(sum) - logits[d.y[i]];
-    bool all_finite = true;
-    for (std::size_t j = 0; j < classes; ++j) all_finite = all_finite && std::isfinite(logits[j]);
-    if (all_finite && static_cast<int>(best) == d.y[i]) ++correct;
-  }
-  e.loss /= static_cast<double>(n);
-  e.accuracy = static_cast<double>(correct) / static_cast<double>(n);
-  return e;
+  return evaluate_logits_fp64(h.v, d.y, static_cast<std::size_t>(widths_.back()));
+}
+
+std::vector<ParamRef> Mlp::params() {
+  std::vector<ParamRef> out;
+  const int n_layers = layers();
+  auto width = [&](int i) { return static_cast<std::size_t>(widths_[i]); };
+  out.push_back({linear_name(n_layers - 1) + ".bias", &bias, ParamRole::bias, width(n_layers), 0});
+  for (int l = 0; l < n_layers; ++l)
+    out.push_back({linear_name(l), &weights[l], ParamRole::weight, width(l) * width(l + 1), width(l)});
+  for (int b = 0; b + 1 < n_layers; ++b)
+    out.push_back({bn_name(b) + ".gamma", &gamma[b], ParamRole::bn_scale, width(b + 1), 0});
+  for (int b = 0; b + 1 < n_layers; ++b)
+    out.push_back({bn_name(b) + ".beta", &beta[b], ParamRole::bn_shift, width(b + 1), 0});
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -637,37 +413,50 @@ Trainer::Trainer(const TrainSpec& spec, std::shared_ptr<const data::Split> data,
                                           bn_formats);
 
   const data::Dataset& train = data_->train;
-  model_ = std::make_unique<Mlp>(train.features, spec.hidden, train.classes, formats_, *unit_);
+  switch (spec.model) {
+    case ModelKind::mlp:
+      model_ = std::make_unique<Mlp>(train.features, spec.hidden, train.classes, formats_, *unit_);
+      break;
+    case ModelKind::convnet:
+      model_ = std::make_unique<ConvNet>(train, spec.conv_width1, spec.conv_width2, formats_, *unit_);
+      break;
+    case ModelKind::resnet:
+      model_ = std::make_unique<ResNet>(train, spec.resnet_blocks, spec.resnet_width, formats_, *unit_);
+      break;
+  }
+  params_ = model_->params();
   const emu::Scope init(ctx_, "init");
-  // He initialisation N(0, 2 / fan_in); gamma 1, beta and bias 0.
+  // He initialisation N(0, 2 / fan_in) in forward order; gamma 1, beta and bias 0.
   emu::Rng init_rng(emu::StreamId{seed, 0, replica, 1});
-  std::vector<int> widths{train.features};
-  widths.insert(widths.end(), spec.hidden.begin(), spec.hidden.end());
-  widths.push_back(train.classes);
-  Mlp& m = *model_;
-  for (int l = 0; l < m.layers(); ++l) {
-    std::vector<double> w(static_cast<std::size_t>(widths[l]) * widths[l + 1]);
-    const double sd = std::sqrt(2.0 / widths[l]);
-    for (double& v : w) v = sd * init_rng.normal();
-    weight_updater_->init(m.weights[l], w, ctx_);
-    layer_names_.push_back(linear_name(l));
-    layer_params_.push_back(&m.weights[l]);
+  for (const ParamRef& p : params_) {
+    const bool bn = p.role == ParamRole::bn_scale || p.role == ParamRole::bn_shift;
+    std::vector<double> initial(p.size, p.role == ParamRole::bn_scale ? 1.0 : 0.0);
+    if (p.role == ParamRole::weight) {
+      const double sd = std::sqrt(2.0 / static_cast<double>(p.fan_in));
+      for (double& v : initial) v = sd * init_rng.normal();
+    }
+    (bn ? *bn_updater_ : *weight_updater_).init(*p.param, initial, ctx_);
   }
-  weight_updater_->init(m.bias, std::vector<double>(train.classes, 0.0), ctx_);
-  for (std::size_t b = 0; b < m.gamma.size(); ++b) {
-    bn_updater_->init(m.gamma[b], std::vector<double>(spec.hidden[b], 1.0), ctx_);
-    bn_updater_->init(m.beta[b], std::vector<double>(spec.hidden[b], 0.0), ctx_);
-    layer_names_.push_back(bn_name(static_cast<int>(b)));
-    layer_params_.push_back(&m.gamma[b]);
-  }
-  for (const Param* p : all_params())
-    initial_state_.push_back(p->master.empty() ? p->value : p->master);
+  for (const ParamRef& p : params_)
+    if (p.role == ParamRole::weight) {
+      layer_names_.push_back(std::string("l").append(std::to_string(layer_names_.size() + 1)));
+      layer_params_.push_back(p.param);
+    }
+  int bn_layers = 0;
+  for (const ParamRef& p : params_)
+    if (p.role == ParamRole::bn_scale) {
+      layer_names_.push_back(std::string("bn").append(std::to_string(++bn_layers)));
+      layer_params_.push_back(p.param);
+    }
+  for (const ParamRef& p : params_)
+    initial_state_.push_back(p.param->master.empty() ? p.param->value : p.param->master);
   run_stats.resize(layer_names_.size());
   window_stats.resize(layer_names_.size());
 
   train_x_.resize(train.x.size());
+  const Shape inputs = model_->input_shape(train.size());
   for (std::size_t i = 0; i < train.x.size(); ++i) {
-    set_element_2d(ctx_, i / train.features, i % train.features, train.features);
+    set_element(ctx_, inputs, i);
     train_x_[i] = ctx_.convert(formats_.act, train.x[i]);
   }
   ctx_.clear_element();
@@ -694,12 +483,11 @@ StepResult Trainer::step() {
   ++steps_;
   StepResult result;
   result.scale = scale_;
-  Mlp& m = *model_;
-  result.loss = m.forward_backward(ctx_, x, y, scale_);
+  result.loss = model_->forward_backward(ctx_, x, y, scale_);
 
   bool finite = true;
-  for (const Param* p : all_params())
-    for (double g : p->grad) finite = finite && std::isfinite(g);
+  for (const ParamRef& p : params_)
+    for (double g : p.param->grad) finite = finite && std::isfinite(g);
   if (!finite && spec_.loss_scale == LossScaleKind::dynamic) {
     result.skipped = true;
     ++skipped_;
@@ -736,12 +524,12 @@ StepResult Trainer::step() {
     }
     u.step(p, applied_, divisor, lr, ctx_, sr_ctx_, counts_);
   };
-  apply(*weight_updater_, m.bias, linear_name(m.layers() - 1) + ".bias", false);
-  for (int l = 0; l < m.layers(); ++l) apply(*weight_updater_, m.weights[l], linear_name(l), l == 0);
-  for (std::size_t b = 0; b < m.gamma.size(); ++b)
-    apply(*bn_updater_, m.gamma[b], bn_name(static_cast<int>(b)) + ".gamma", false);
-  for (std::size_t b = 0; b < m.beta.size(); ++b)
-    apply(*bn_updater_, m.beta[b], bn_name(static_cast<int>(b)) + ".beta", false);
+  bool first_weight = true;  // its learning rate is the one effective_lr() reports
+  for (const ParamRef& p : params_) {
+    const bool bn = p.role == ParamRole::bn_scale || p.role == ParamRole::bn_shift;
+    apply(bn ? *bn_updater_ : *weight_updater_, *p.param, p.name, first_weight && p.role == ParamRole::weight);
+    if (p.role == ParamRole::weight) first_weight = false;
+  }
 
   if (spec_.loss_scale == LossScaleKind::dynamic && ++clean_run_ >= spec_.scale_interval) {
     scale_ *= spec_.scale_growth;
@@ -750,26 +538,28 @@ StepResult Trainer::step() {
   return result;
 }
 
-std::vector<const Param*> Trainer::all_params() const {
-  std::vector<const Param*> all;
-  for (const Param& p : model_->weights) all.push_back(&p);
-  all.push_back(&model_->bias);
-  for (const Param& p : model_->gamma) all.push_back(&p);
-  for (const Param& p : model_->beta) all.push_back(&p);
-  return all;
+std::uint64_t Trainer::changed_values(std::size_t t) const {
+  const Param& p = *params_[t].param;
+  const std::vector<double>& now = p.master.empty() ? p.value : p.master;
+  std::uint64_t changed = 0;
+  for (std::size_t i = 0; i < now.size(); ++i)
+    if (!(now[i] == initial_state_[t][i])) ++changed;  // NaN counts as changed
+  return changed;
 }
 
 double Trainer::frac_values_changed() const {
-  const std::vector<const Param*> all = all_params();
   std::uint64_t values = 0, changed = 0;
-  for (std::size_t t = 0; t < all.size(); ++t) {
-    const std::vector<double>& now = all[t]->master.empty() ? all[t]->value : all[t]->master;
-    for (std::size_t i = 0; i < now.size(); ++i) {
-      ++values;
-      if (!(now[i] == initial_state_[t][i])) ++changed;  // NaN counts as changed
-    }
+  for (std::size_t t = 0; t < params_.size(); ++t) {
+    values += params_[t].size;
+    changed += changed_values(t);
   }
   return values ? static_cast<double>(changed) / static_cast<double>(values) : 0.0;
+}
+
+std::uint64_t Trainer::values_changed(const Param& p) const {
+  for (std::size_t t = 0; t < params_.size(); ++t)
+    if (params_[t].param == &p) return changed_values(t);
+  throw std::logic_error("Trainer::values_changed: not a parameter of this model");
 }
 
 Evaluation Trainer::evaluate(const data::Dataset& d, const char* scope) {

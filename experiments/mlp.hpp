@@ -18,6 +18,8 @@
 #include "emu/arith.hpp"
 #include "emu/format.hpp"
 #include "emu/unit.hpp"
+#include "layers.hpp"
+#include "model.hpp"
 
 namespace roundoff::train {
 
@@ -50,14 +52,6 @@ struct ParamFormats {
   emu::Format master;   // fp32-master's master copy
   // Where a division by the loss scale is rounded; nullopt = arith.
   std::optional<emu::Format> unscale = std::nullopt;
-};
-
-struct Param {
-  std::vector<double> value;         // in storage format
-  std::vector<double> master;        // fp32-master only
-  std::vector<double> compensation;  // fp16-kahan only
-  std::vector<double> m, v;          // optimiser state
-  std::vector<double> grad;          // the gradient as backward left it (times the loss scale)
 };
 
 // Non-zero finite weight updates, and those lost: the update left the stored state of the
@@ -109,53 +103,37 @@ using Histogram = std::array<double, kHistBins>;
 void add_to_histogram(std::array<std::uint64_t, kHistBins>& counts, double v);
 Histogram normalise(const std::array<std::uint64_t, kHistBins>& counts);
 
-// Formats of the model's tensors (parameters have their own ParamFormats).
-struct ModelFormats {
-  emu::Format act;     // activations (matmul inputs, BN outputs, logits)
-  emu::Format grad;    // activation and weight gradients
-  emu::Format loss;    // softmax, log-sum-exp, loss and its gradient
-  emu::Format bn_fwd;  // batch-norm arithmetic, forward (act, or fp32 with bn_fp32)
-  emu::Format bn_bwd;  // batch-norm arithmetic, backward (grad, or fp32 with bn_fp32)
-};
-
-struct Evaluation {
-  double loss = 0.0, accuracy = 0.0;
-};
-
-// Batch norm: eps = 1e-5; running statistics updated as PyTorch does, with momentum 0.1.
-inline constexpr double kBnEps = 1e-5, kBnMomentum = 0.1;
-
 // Linear -> BatchNorm -> ReLU per hidden width, then Linear (with bias) and softmax
-// cross-entropy. Hidden Linears have no bias (batch norm's beta replaces it).
+// cross-entropy, from the layers of layers.hpp (each Linear is a dense layer on rows of
+// features). Hidden Linears have no bias (batch norm's beta replaces it) and write
+// bn_fwd; the last writes act.
 // Training mode (forward_backward) normalises with the statistics of the batch at hand
 // and updates the running statistics; inference mode (logits, evaluate) normalises with
 // the running statistics, as frameworks evaluate a model.
-class Mlp {
+class Mlp final : public Model {
  public:
   Mlp(int inputs, std::vector<int> hidden, int classes, ModelFormats formats, const emu::MatrixUnit& unit);
   int layers() const { return static_cast<int>(weights.size()); }
 
-  // Forward and backward on a batch (x: rows of `inputs` values of the act format).
-  // Leaves the gradients of the mean batch loss times `loss_scale` in each Param.grad
-  // and returns the mean batch loss as computed in the loss format. Scopes (relative to
-  // the context's): forward.l<k>, forward.bn<k>, loss, backward.l<k>.bias|dw|dx,
-  // backward.bn<k>; elements are (sample, channel or class) or (channel) indices.
+  // Scopes (relative to the context's): forward.l<k>, forward.bn<k> (batch norm and
+  // ReLU), loss, backward.l<k>.bias|dw|dx, backward.bn<k>; elements are (sample,
+  // channel or class) or (channel) indices.
   double forward_backward(emu::Context& ctx, const std::vector<double>& x, const std::vector<int>& y,
-                          double loss_scale);
-  // Inference: the logits (rows x classes, values of the act format) of x (rows of
-  // `inputs` values of the act format) in the model's own arithmetic: every matmul
-  // through the unit, batch norm in inference mode in bn_fwd, y = fma(gamma, (z - mean)
-  // * (1 / sqrt(var + eps)), beta) rounded into act, with the running mean and variance.
-  // The rows are numbered from first_row in the elements the context reports.
-  std::vector<double> logits(emu::Context& ctx, const std::vector<double>& x, std::size_t first_row = 0) const;
-  // Inference on a whole set in the model's arithmetic: inputs rounded into the act
-  // format, logits(), then per sample the cross-entropy as training computes it (loss
-  // format; exp and log in fp64 rounded once) averaged in fp64, and accuracy = share of
-  // samples whose logits are all finite with the first largest at the label.
-  Evaluation evaluate(emu::Context& ctx, const data::Dataset& d) const;
+                          double loss_scale) override;
+  // Every matmul through the unit, batch norm in inference mode in bn_fwd, y = fma(gamma,
+  // (z - mean) * (1 / sqrt(var + eps)), beta) rounded into act, with the running mean and
+  // variance.
+  std::vector<double> logits(emu::Context& ctx, const std::vector<double>& x, std::size_t first_row) const override;
   // The parameters' current values in fp64 arithmetic on a whole set, batch norm with the
   // statistics of the whole set (no running statistics, nothing rounded).
-  Evaluation evaluate_fp64(const data::Dataset& d) const;
+  Evaluation evaluate_fp64(const data::Dataset& d) const override;
+  // The last layer's bias (l<L>.bias), the weights (l<k>), the batch-norm scales
+  // (bn<k>.gamma), the shifts (bn<k>.beta).
+  std::vector<ParamRef> params() override;
+  const ModelFormats& formats() const override { return formats_; }
+  Shape input_shape(std::size_t rows) const override {
+    return Shape{rows, static_cast<std::size_t>(widths_[0]), 1, 1};
+  }
 
   std::vector<Param> weights;  // layer l: inputs x outputs, row-major
   Param bias;                  // of the last layer
@@ -167,25 +145,32 @@ class Mlp {
   std::vector<std::vector<double>> running_mean, running_var;
 
  private:
-  void gemm(emu::Context& ctx, std::size_t m, std::size_t n, std::size_t k, const std::vector<double>& a,
-            const std::vector<double>& b, const emu::Format& out, std::vector<double>& c) const;
-  // Linear layer l on `rows` inputs h through the unit: z = h W_l (+ bias for the last
-  // layer), rounded into act for the last layer and into bn_fwd for the others.
-  std::vector<double> linear(emu::Context& ctx, int l, std::size_t rows, const std::vector<double>& h) const;
+  // Linear layer l through the unit (scope l<k>): z = h W_l (+ bias for the last layer),
+  // rounded into act for the last layer and into bn_fwd for the others.
+  Tensor linear(Emulated& e, int l, const Tensor& h) const;
 
-  int inputs_, classes_;
   std::vector<int> widths_;  // inputs, hidden..., classes
   ModelFormats formats_;
   const emu::MatrixUnit& unit_;
-  double momentum_, one_minus_momentum_, eps_;  // rounded into bn_fwd
+  BatchNormConstants bn_constants_;
   // Saved by the forward pass for the backward pass, per layer.
-  std::vector<std::vector<double>> layer_input_, xhat_, inv_std_, bn_out_;
+  std::vector<Tensor> layer_input_, bn_out_;
+  std::vector<BatchNormSaved> bn_saved_;
 };
 
 enum class LossScaleKind { none, constant, dynamic };
 
+// The trained model (train's `model` parameter): the MLP of this file, or the
+// convolutional models of convnets.hpp.
+enum class ModelKind { mlp, convnet, resnet };
+inline constexpr const char* kModelNames[] = {"mlp", "convnet", "resnet"};
+ModelKind model_by_name(std::string_view name);  // throws std::invalid_argument
+
 struct TrainSpec {
-  std::vector<int> hidden = {32};
+  ModelKind model = ModelKind::mlp;
+  std::vector<int> hidden = {32};      // mlp: hidden widths
+  int conv_width1 = 32, conv_width2 = 32;  // convnet: output channels of its two convolutions
+  int resnet_blocks = 1, resnet_width = 16;  // resnet: N (depth 6N + 2) and the first stage's channels
   std::string unit = "fp32-seq";
   UpdateRule rule = UpdateRule::fp32;
   OptimizerSpec optimizer;
@@ -229,14 +214,16 @@ struct StepResult {
   bool skipped = false; // dynamic scaling found inf/NaN in a gradient
 };
 
-// Trains an Mlp with update rules, optimiser and loss scaling. Data order: a fresh
+// Trains a model (TrainSpec::model) with update rules, optimiser and loss scaling. Data order: a fresh
 // permutation of the training split per epoch; the last incomplete batch is dropped.
 // Random streams: initial weights (seed, 0, replica, 1) and batch order (seed, 0,
 // replica, 2) do not depend on the grid point, so points differ only in arithmetic;
-// stochastic rounding uses `rounding_stream`. Scopes of the counts and traps: init,
-// forward.*, loss, backward.* (Mlp::forward_backward), update.<tensor> (l<k>,
-// l<L>.bias, bn<k>.gamma, bn<k>.beta; element = the value's flat index), and
-// evaluate.train.* / evaluate.test.* (input, l<k>, bn<k>, loss).
+// stochastic rounding uses `rounding_stream`. Initialisation: weights He-normal N(0,
+// 2 / fan_in) drawn in forward order, batch-norm scales 1, shifts and biases 0.
+// Scopes of the counts and traps: init, forward.*, loss, backward.* (the model's
+// forward_backward), update.<tensor> (the model's parameter names: l<k>, l<L>.bias,
+// bn<k>.gamma, bn<k>.beta for the MLP; element = the value's flat index), and
+// evaluate.train.* / evaluate.test.* (input, the model's layers, loss).
 class Trainer {
  public:
   Trainer(const TrainSpec& spec, std::shared_ptr<const data::Split> data, std::uint64_t seed,
@@ -246,9 +233,12 @@ class Trainer {
   std::int64_t steps_per_epoch() const { return steps_per_epoch_; }
   std::int64_t steps_taken() const { return steps_; }
 
-  Mlp& model() { return *model_; }
-  const Mlp& model() const { return *model_; }
-  // Layer names: l1.. for Linear weights, bn1.. for batch-norm gammas.
+  Model& model() { return *model_; }
+  const Model& model() const { return *model_; }
+  // The model's trainable tensors (Model::params), in update order.
+  const std::vector<ParamRef>& params() const { return params_; }
+  // Layer names: l1.. for the weight tensors in forward order (Linear, convolution or
+  // dense), bn1.. for the batch-norm scales (gammas) in forward order.
   const std::vector<std::string>& layer_names() const { return layer_names_; }
   const std::vector<const Param*>& layer_params() const { return layer_params_; }
   double loss_scale() const { return scale_; }
@@ -274,16 +264,20 @@ class Trainer {
   Evaluation evaluate_test();
   Evaluation evaluate_train_fp64() const { return model_->evaluate_fp64(data_->train); }
   Evaluation evaluate_test_fp64() const { return model_->evaluate_fp64(data_->test); }
-  // Fraction of the trainable values (Linear weights, bias, batch-norm gamma and beta)
+  // Fraction of the trainable values (weights, biases, batch-norm gamma and beta)
   // whose stored state (the master copy for fp32-master) differs from its initial value.
   double frac_values_changed() const;
+  // The number of one tensor's values whose stored state differs from its initial value
+  // (NaN counts as changed). Throws std::logic_error for a tensor not in params().
+  std::uint64_t values_changed(const Param& p) const;
 
  private:
   TrainSpec spec_;
   std::shared_ptr<const data::Split> data_;
   ModelFormats formats_;
   std::unique_ptr<emu::MatrixUnit> unit_;
-  std::unique_ptr<Mlp> model_;
+  std::unique_ptr<Model> model_;
+  std::vector<ParamRef> params_;  // model_->params()
   std::unique_ptr<Updater> weight_updater_, bn_updater_;
   emu::Context ctx_, sr_ctx_;
   emu::Rng order_rng_;
@@ -295,8 +289,8 @@ class Trainer {
   std::vector<std::string> layer_names_;
   std::vector<const Param*> layer_params_;
   std::vector<std::vector<double>> initial_state_;  // per trainable tensor, see frac_values_changed
+  std::uint64_t changed_values(std::size_t tensor) const;  // of params_[tensor]
   std::vector<emu::OpCount> evaluation_counts_;
-  std::vector<const Param*> all_params() const;
   Evaluation evaluate(const data::Dataset& d, const char* scope);
 };
 
@@ -313,13 +307,18 @@ template <std::size_t N>
 std::vector<std::string> names_of(const char* const (&list)[N]) {
   return {std::begin(list), std::end(list)};
 }
-// data, samples, features, classes, noise, test_fraction:
+// data, samples, features, classes, noise, test_fraction, train_samples, test_samples:
 std::vector<ParamSpec> data_param_specs();
 // layers, width1, width2, epochs, batch, lr:
 std::vector<ParamSpec> run_param_specs();
-// The data and split, standardised. Repeats check_data_and_batch (cheap: files are
-// cached) and throws BadInput if a data file changed or vanished since check_point.
-std::shared_ptr<const data::Split> prepare_data(const Params& p, std::uint64_t seed);
+// How prepare_data standardises: per feature (data::standardise, for the MLP) or per
+// channel of images (data::standardise_channels, for the convolutional models).
+enum class Standardisation { per_feature, per_channel };
+// The data and split (a file's own test split where it has one, else test_fraction),
+// cut to train_samples and test_samples, standardised. Repeats check_data_and_batch
+// (cheap: files are cached) and throws BadInput if a data file changed or vanished since
+// check_point.
+std::shared_ptr<const data::Split> prepare_data(const Params& p, std::uint64_t seed, Standardisation how);
 // check_point's part for data, test_fraction and batch: validates a data file (once per
 // path; see data::load_h5), and that both splits are non-empty and batch <= the
 // training split. "" when fine, else one line naming the file or parameter.

@@ -1,5 +1,6 @@
 // train: an MLP with batch norm trained on emulated arithmetic, comparing update
 // strategies, optimisers, loss scaling and per-tensor formats (see experiments/mlp.hpp).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -72,13 +73,20 @@ std::vector<ParamSpec> data_param_specs() {
       string_param("data", "synthetic",
                    "'synthetic' (Gaussian clusters from the seed), 'teacher' (N(0,1) inputs labelled by a fixed "
                    "random ReLU network from the seed), or the path of an HDF5 file (relative to sweep's current "
-                   "directory) with x [N, D] float32 and y [N] integer labels >= 0, checked before any run"),
+                   "directory) with x [N, D] or images [N, C, H, W] float32, y [N] integer labels >= 0 and "
+                   "optionally its own test split x_test, y_test (scripts/make_fashion_mnist_h5.py, "
+                   "scripts/make_digits_h5.py), checked before any run"),
       int_param("samples", 2048, "synthetic and teacher: number of samples", 20, 1e7),
       int_param("features", 32, "synthetic and teacher: input dimension", 1, 1e5),
       int_param("classes", 10, "synthetic and teacher: number of classes", 2, 1000),
       real_param("noise", 1.5, "synthetic: standard deviation of samples around their class centre (teacher: unused)",
                  0.0),
-      real_param("test_fraction", 0.2, "share of samples held out for testing (a fixed split per seed)", 0.01, 0.99),
+      real_param("test_fraction", 0.2,
+                 "share of samples held out for testing (a fixed split per seed); a data file with its own test "
+                 "split (x_test, y_test) keeps that split and ignores this",
+                 0.01, 0.99),
+      int_param("train_samples", 0, "use the first N samples of the training split only (0 = all)", 0, 1e9),
+      int_param("test_samples", 0, "use the first N samples of the test split only (0 = all)", 0, 1e9),
   };
 }
 
@@ -99,7 +107,7 @@ bool is_builtin_data(const std::string& source) { return source == "synthetic" |
 
 }  // namespace
 
-std::shared_ptr<const data::Split> prepare_data(const Params& p, std::uint64_t seed) {
+std::shared_ptr<const data::Split> prepare_data(const Params& p, std::uint64_t seed, Standardisation how) {
   // check_point accepted this point, but a data file may have changed or vanished since.
   if (std::string problem = check_data_and_batch(p); !problem.empty()) throw BadInput(problem);
   const std::string& source = p.string("data");
@@ -110,53 +118,83 @@ std::shared_ptr<const data::Split> prepare_data(const Params& p, std::uint64_t s
     s = data::split(source == "teacher" ? data::make_teacher(spec) : data::make_synthetic(spec),
                     p.real("test_fraction"), seed);
   } else {
-    std::shared_ptr<const data::Dataset> file;
+    std::shared_ptr<const data::DataFile> file;
     try {
       file = data::load_h5(source);
     } catch (const std::invalid_argument& e) {
       throw BadInput(e.what());  // changed again since the check above
     }
-    s = data::split(*file, p.real("test_fraction"), seed);
+    s = file->test ? data::Split{file->samples, *file->test} : data::split(file->samples, p.real("test_fraction"), seed);
   }
-  data::standardise(s);
+  s.train = data::first_samples(s.train, static_cast<std::size_t>(p.integer("train_samples")));
+  s.test = data::first_samples(s.test, static_cast<std::size_t>(p.integer("test_samples")));
+  if (how == Standardisation::per_channel)
+    data::standardise_channels(s);
+  else
+    data::standardise(s);
   return std::make_shared<const data::Split>(std::move(s));
 }
 
 namespace {
 
-// The rows of the data set; throws std::invalid_argument for a bad data file.
-std::size_t data_rows(const Params& p) {
+// The sizes of the two splits a point trains and tests on, and how to name the data in
+// messages; throws std::invalid_argument for a bad data file.
+struct SplitSizes {
+  std::size_t rows = 0;   // samples before the split (the file's x or the built-in set)
+  bool own_test = false;  // the file has its own test split
+  std::size_t train = 0, test = 0;
+  std::string of;  // "the 1797 samples in data file 'F'"
+};
+
+SplitSizes split_sizes(const Params& p) {
   const std::string& source = p.string("data");
-  if (is_builtin_data(source)) return static_cast<std::size_t>(p.integer("samples"));
-  return data::load_h5(source)->size();  // validates the layout; cached by path
+  SplitSizes s;
+  if (is_builtin_data(source)) {
+    s.rows = static_cast<std::size_t>(p.integer("samples"));
+  } else {
+    const std::shared_ptr<const data::DataFile> file = data::load_h5(source);  // validates; cached by path
+    s.rows = file->samples.size();
+    if (file->test) {
+      s.own_test = true;
+      s.train = s.rows;
+      s.test = file->test->size();
+    }
+  }
+  s.of = "the " + std::to_string(s.rows) + " samples" + (is_builtin_data(source) ? "" : " in data file '" + source + "'");
+  if (!s.own_test) {
+    s.test = data::test_size(s.rows, p.real("test_fraction"));
+    s.train = s.test < s.rows ? s.rows - s.test : 0;
+  }
+  const auto keep = [](std::size_t n, std::int64_t first) {
+    return first > 0 ? std::min(n, static_cast<std::size_t>(first)) : n;
+  };
+  s.train = keep(s.train, p.integer("train_samples"));
+  s.test = keep(s.test, p.integer("test_samples"));
+  return s;
 }
 
 }  // namespace
 
 std::int64_t planned_steps(const Params& p) {
-  const std::size_t rows = data_rows(p);
-  const std::size_t n_train = rows - data::test_size(rows, p.real("test_fraction"));
-  return p.integer("epochs") * static_cast<std::int64_t>(n_train / static_cast<std::size_t>(p.integer("batch")));
+  const SplitSizes s = split_sizes(p);
+  return p.integer("epochs") * static_cast<std::int64_t>(s.train / static_cast<std::size_t>(p.integer("batch")));
 }
 
 std::string check_data_and_batch(const Params& p) {
-  const std::string& source = p.string("data");
-  std::size_t rows = 0;
+  SplitSizes s;
   try {
-    rows = data_rows(p);
+    s = split_sizes(p);
   } catch (const std::invalid_argument& e) {
     return e.what();
   }
-  const std::string of =
-      "the " + std::to_string(rows) + " samples" + (is_builtin_data(source) ? "" : " in data file '" + source + "'");
-  const std::size_t n_test = data::test_size(rows, p.real("test_fraction"));
-  if (n_test < 1 || n_test >= rows)
-    return "test_fraction " + to_string(p.at("test_fraction")) + " of " + of +
+  if (!s.own_test && (s.test < 1 || s.test >= s.rows))
+    return "test_fraction " + to_string(p.at("test_fraction")) + " of " + s.of +
            " leaves an empty training or test split";
-  const std::size_t n_train = rows - n_test;
-  if (static_cast<std::size_t>(p.integer("batch")) > n_train)
+  if (static_cast<std::size_t>(p.integer("batch")) > s.train)
     return "batch " + std::to_string(p.integer("batch")) + " is larger than the training split: " +
-           std::to_string(n_train) + " of " + of + " (test_fraction " + to_string(p.at("test_fraction")) + ")";
+           std::to_string(s.train) + " of " + s.of +
+           (s.own_test ? std::string(" (its own training split") : " (test_fraction " + to_string(p.at("test_fraction"))) +
+           (p.integer("train_samples") > 0 ? ", train_samples " + std::to_string(p.integer("train_samples")) : "") + ")";
   return "";
 }
 
@@ -170,9 +208,54 @@ void read_run_params(const Params& p, TrainSpec& spec) {
 
 namespace {
 
+// Layer counts of the point's model: the weight layers and batch norms that the
+// per-layer metrics and histograms cover (at most kMaxLayers and kMaxLayers - 1, the
+// first in forward order), and the batch-norm layers.
+struct LayerCounts {
+  std::int64_t recorded, batch_norms;
+};
+LayerCounts layer_counts(const Params& p) {
+  switch (model_by_name(p.string("model"))) {
+    case ModelKind::mlp: return {2 * p.integer("layers") - 1, p.integer("layers") - 1};
+    case ModelKind::convnet: return {2 * kMaxLayers - 1, 2};
+    case ModelKind::resnet: return {2 * kMaxLayers - 1, 6 * p.integer("resnet_blocks") + 1};
+  }
+  return {0, 0};
+}
+
+// "" when the point's model can take its data: the convolutional models need images
+// (convnet: at least 4x4).
+std::string check_model_data(const Params& p) {
+  const std::string& model = p.string("model");
+  if (model == "mlp") return "";
+  const std::string& source = p.string("data");
+  if (is_builtin_data(source))
+    return "model " + model + " needs images: data must be an HDF5 file with x [N, C, H, W] (" + source +
+           " data are flat vectors)";
+  std::shared_ptr<const data::DataFile> file;
+  try {
+    file = data::load_h5(source);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  const data::Dataset& d = file->samples;
+  if (!d.is_image())
+    return "model " + model + " needs images x [N, C, H, W], but data file '" + source + "' holds flat samples x [N, " +
+           std::to_string(d.features) + "] (scripts/make_digits_h5.py writes the digits as [N, 1, 8, 8])";
+  if (model == "convnet" && (d.height < 4 || d.width < 4))
+    return "model convnet needs images of at least 4x4 (two 2x2 poolings), but data file '" + source + "' holds " +
+           d.sample_shape();
+  return "";
+}
+
 RunResult run_train(const Params& p, const RunEnv& env) {
   TrainSpec spec;
   read_run_params(p, spec);
+  spec.model = model_by_name(p.string("model"));
+  spec.conv_width1 = static_cast<int>(p.integer("width1"));
+  spec.conv_width2 = static_cast<int>(p.integer("width2"));
+  spec.resnet_blocks = static_cast<int>(p.integer("resnet_blocks"));
+  spec.resnet_width = static_cast<int>(p.integer("resnet_width"));
   spec.unit = p.string("unit");
   spec.rule = update_rule_by_name(p.string("update"));
   spec.optimizer.kind = optimizer_by_name(p.string("optimizer"));
@@ -197,11 +280,18 @@ RunResult run_train(const Params& p, const RunEnv& env) {
   spec.fp_control = with_fp_exceptions(emu::FpControl{}, p);
   const std::int64_t hist_every = p.integer("hist_every");
 
-  Trainer trainer(spec, prepare_data(p, env.stream.seed), env.stream.seed, env.stream.replica,
+  const Standardisation how =
+      spec.model == ModelKind::mlp ? Standardisation::per_feature : Standardisation::per_channel;
+  Trainer trainer(spec, prepare_data(p, env.stream.seed, how), env.stream.seed, env.stream.replica,
                   emu::StreamId{env.stream.seed, env.stream.point, env.stream.replica, 3});
   RunResult result;
   Trace loss_trace, scale_trace;
-  std::vector<Trace> hist_traces(trainer.layer_names().size());
+  // The layers the per-layer metrics and histograms cover (names declared below).
+  std::vector<std::size_t> recorded;
+  const std::vector<std::string> declared = layer_names();
+  for (std::size_t l = 0; l < trainer.layer_names().size(); ++l)
+    if (std::find(declared.begin(), declared.end(), trainer.layer_names()[l]) != declared.end()) recorded.push_back(l);
+  std::vector<Trace> hist_traces(recorded.size());
   const std::int64_t total = trainer.steps_per_epoch() * spec.epochs;
   for (std::int64_t s = 0; s < total; ++s) {
     if (env.cancelled()) throw Cancelled();
@@ -214,7 +304,7 @@ RunResult run_train(const Params& p, const RunEnv& env) {
     if (hist_every > 0 && s % hist_every == 0)
       for (std::size_t l = 0; l < hist_traces.size(); ++l) {
         std::array<std::uint64_t, kHistBins> counts{};
-        for (double g : trainer.layer_params()[l]->grad) add_to_histogram(counts, g);
+        for (double g : trainer.layer_params()[recorded[l]]->grad) add_to_histogram(counts, g);
         const Histogram h = normalise(counts);
         hist_traces[l].x.insert(hist_traces[l].x.end(), kHistBins, static_cast<double>(s));
         hist_traces[l].y.insert(hist_traces[l].y.end(), h.begin(), h.end());
@@ -224,7 +314,7 @@ RunResult run_train(const Params& p, const RunEnv& env) {
   result.traces["loss_scale"] = std::move(scale_trace);
   if (hist_every > 0)
     for (std::size_t l = 0; l < hist_traces.size(); ++l)
-      result.traces["grad_hist_" + trainer.layer_names()[l]] = std::move(hist_traces[l]);
+      result.traces["grad_hist_" + trainer.layer_names()[recorded[l]]] = std::move(hist_traces[l]);
 
   const Evaluation train_eval = trainer.evaluate_train(), test_eval = trainer.evaluate_test();
   const Evaluation train64 = trainer.evaluate_train_fp64(), test64 = trainer.evaluate_test_fp64();
@@ -246,22 +336,59 @@ RunResult run_train(const Params& p, const RunEnv& env) {
   m["effective_lr"] = trainer.effective_lr();
   m["effective_lr_rel_err"] = trainer.effective_lr_error_max();
   std::uint64_t weights = 0, nonfinite = 0;
-  for (const Param& w : trainer.model().weights)
-    for (double v : w.value) {
-      ++weights;
-      if (!std::isfinite(v)) ++nonfinite;
-    }
+  for (const ParamRef& w : trainer.params())
+    if (w.role == ParamRole::weight)
+      for (double v : w.param->value) {
+        ++weights;
+        if (!std::isfinite(v)) ++nonfinite;
+      }
   m["frac_nonfinite_weights"] = static_cast<double>(nonfinite) / static_cast<double>(weights);
   for (const std::string& name : layer_names()) {
     m["frac_zero_grad_" + name] = kNaN;
     m["grad_std_" + name] = kNaN;
   }
-  for (std::size_t l = 0; l < trainer.layer_names().size(); ++l) {
+  for (std::size_t l : recorded) {
     const GradStats& run = trainer.run_stats[l];
     m["frac_zero_grad_" + trainer.layer_names()[l]] =
         run.count ? static_cast<double>(run.zeros) / static_cast<double>(run.count) : kNaN;
     m["grad_std_" + trainer.layer_names()[l]] = trainer.window_stats[l].std_dev();
   }
+  // Batch-norm scales and shifts at the end, of their stored state (the master copy
+  // under fp32-master): per layer the standard deviation of the scales across channels
+  // and the fraction unchanged since initialisation.
+  Trace bn_std, bn_unchanged;
+  std::uint64_t scales = 0, scales_unchanged = 0, shifts = 0, shifts_unchanged = 0;
+  double std_min = kNaN;
+  int layers_unchanged = 0;
+  for (const ParamRef& r : trainer.params()) {
+    const std::vector<double>& v = r.param->master.empty() ? r.param->value : r.param->master;
+    const std::uint64_t same = v.size() - trainer.values_changed(*r.param);
+    const double unchanged = static_cast<double>(same) / static_cast<double>(v.size());
+    if (r.role == ParamRole::bn_shift) {
+      shifts += v.size();
+      shifts_unchanged += same;
+    }
+    if (r.role != ParamRole::bn_scale) continue;
+    scales += v.size();
+    scales_unchanged += same;
+    layers_unchanged += same == v.size();
+    double mean = 0.0, squares = 0.0;
+    for (double g : v) mean += g / static_cast<double>(v.size());
+    for (double g : v) squares += (g - mean) * (g - mean);
+    const double sd = std::sqrt(squares / static_cast<double>(v.size()));
+    std_min = std::isnan(std_min) ? sd : std::min(std_min, sd);
+    const double layer = static_cast<double>(bn_std.x.size() + 1);
+    bn_std.x.push_back(layer);
+    bn_std.y.push_back(sd);
+    bn_unchanged.x.push_back(layer);
+    bn_unchanged.y.push_back(unchanged);
+  }
+  m["bn_scale_std_min"] = std_min;
+  m["bn_scale_unchanged"] = scales ? static_cast<double>(scales_unchanged) / static_cast<double>(scales) : kNaN;
+  m["bn_shift_unchanged"] = shifts ? static_cast<double>(shifts_unchanged) / static_cast<double>(shifts) : kNaN;
+  m["bn_layers_unchanged"] = static_cast<double>(layers_unchanged);
+  result.traces["bn_scale_std"] = std::move(bn_std);
+  result.traces["bn_scale_unchanged"] = std::move(bn_unchanged);
   result.flags = trainer.flags();
   result.fp_counts = trainer.fp_counts();
   return result;
@@ -270,9 +397,26 @@ RunResult run_train(const Params& p, const RunEnv& env) {
 Experiment make_train() {
   Experiment e;
   e.name = "train";
-  e.description = "MLP with batch norm trained on emulated arithmetic: update strategies, loss scaling, formats";
+  e.description =
+      "an MLP, a convnet or a ResNet with batch norm trained on emulated arithmetic: update strategies, loss scaling, "
+      "formats";
   e.params = data_param_specs();
-  for (ParamSpec& s : run_param_specs()) e.params.push_back(std::move(s));
+  e.params.push_back(string_param("model", "mlp",
+                                  "mlp (Linear -> BatchNorm -> ReLU blocks), convnet ((conv 3x3 -> BatchNorm -> ReLU "
+                                  "-> 2x2 max pool) x 2 -> dense) or resnet (depth 6N + 2: stem, 3 stages of N basic "
+                                  "blocks, global average pooling, dense); the convolutional models need images",
+                                  names_of(kModelNames)));
+  for (ParamSpec& s : run_param_specs()) {
+    if (s.name == "layers") s.meaning = "mlp: " + s.meaning;
+    if (s.name == "width1") s.meaning = "mlp: width of the first hidden layer; convnet: channels of its first convolution";
+    if (s.name == "width2")
+      s.meaning = "mlp: width of the second hidden layer (layers: 3); convnet: channels of its second convolution";
+    e.params.push_back(std::move(s));
+  }
+  e.params.push_back(int_param("resnet_blocks", 1,
+                               "resnet: N, basic blocks per stage (depth 6N + 2: 1 = ResNet-8, 2 = 14, 3 = 20, 4 = 26)",
+                               1, 18));
+  e.params.push_back(int_param("resnet_width", 16, "resnet: channels of the stem and the first stage (then x2, x4)", 1, 1024));
   const std::vector<ParamSpec> more = {
       string_param("unit", "fp32-seq",
                    "matrix unit for every matmul, training and evaluation (input format = act_format; a unit "
@@ -320,8 +464,9 @@ Experiment make_train() {
       "mode with its running statistics in the batch-norm format, logits in act_format, cross-entropy in "
       "loss_format; the mean over samples in fp64)";
   const std::string in_fp64 =
-      " of the final weights in fp64 arithmetic, batch norm normalising with the evaluated split's own statistics "
-      "(no running statistics; nothing rounded)";
+      " of the final weights in fp64 arithmetic, nothing rounded; batch norm normalising with the evaluated split's "
+      "own statistics (mlp) or with the running statistics (convnet, resnet: the split's own statistics would need "
+      "every activation of the split at once)";
   e.metrics = {
       {"final_train_loss", "mean cross-entropy on the training split" + in_model},
       {"final_train_acc", "accuracy on the training split" + in_model + "; samples with a non-finite logit count "
@@ -345,17 +490,33 @@ Experiment make_train() {
                               "model never moved"},
       {"effective_lr", "learning rate as the weight update arithmetic held it in the last step (lr/S for unscale: lr)"},
       {"effective_lr_rel_err", "largest relative rounding error of lr/S in the update format (1 = underflow to 0)"},
-      {"frac_nonfinite_weights", "fraction of final Linear weights that are inf or NaN"},
+      {"frac_nonfinite_weights", "fraction of final weights (Linear, convolution and dense layers; not biases or "
+                                 "batch-norm parameters) that are inf or NaN"},
+      {"bn_scale_std_min", "the smallest, over batch-norm layers, standard deviation of the layer's scales (gamma) "
+                           "across channels at the end, of their stored state (master copy for fp32-master); 0 = "
+                           "some layer's scales are all equal (all still 1: never moved)"},
+      {"bn_scale_unchanged", "fraction of all batch-norm scales (gamma; they start at 1) whose stored state equals "
+                             "its initial value at the end"},
+      {"bn_shift_unchanged", "the same for the batch-norm shifts (beta; they start at 0)"},
+      {"bn_layers_unchanged", "batch-norm layers whose every scale equals its initial value at the end"},
   };
+  const std::string which = " (l<k>: the k-th weight layer in forward order, bn<k>: the k-th batch norm's gamma)";
   for (const std::string& name : layer_names()) {
     e.metrics.push_back({"frac_zero_grad_" + name,
                          "fraction of " + name + " weight-gradient values exactly zero (underflow or dead units), "
-                         "all applied steps; NaN if the layer is absent"});
+                         "all applied steps; NaN if the layer is absent" + which});
     e.metrics.push_back({"grad_std_" + name, "standard deviation of " + name +
                                                  " weight gradients (divided by S), pooled over the last epoch"});
   }
   e.headline_metric = "final_test_acc";
-  e.traces = {{"loss", "mean batch loss as computed, per step"}, {"loss_scale", "loss scale used, per step"}};
+  e.traces = {{"loss", "mean batch loss as computed, per step"},
+              {"loss_scale", "loss scale used, per step"},
+              {"bn_scale_std", "per batch-norm layer in forward order, at the end: the standard deviation of its "
+                               "scales (gamma) across channels, of their stored state (master copy for fp32-master)",
+               "bn_layer"},
+              {"bn_scale_unchanged", "per batch-norm layer in forward order, at the end: the fraction of its scales "
+                                     "whose stored state equals its initial value 1",
+               "bn_layer"}};
   for (const std::string& name : layer_names())
     e.traces.push_back({"grad_hist_" + name,
                         "every hist_every steps, 58 fractions of " + name +
@@ -369,23 +530,30 @@ Experiment make_train() {
       if (std::string problem = check_unit_accepts(p.string("unit"), p.string("act_format")); !problem.empty())
         return problem;
     }
+    if (std::string problem = check_model_data(p); !problem.empty()) return problem;
     return check_data_and_batch(p);
   };
   // loss and loss_scale: one sample per step; grad_hist_<layer>: kHistBins per recorded
-  // step for each of the 2 * layers - 1 weight layers (l1..lL, bn1..bn(L-1)).
+  // step for each recorded layer (mlp: the 2 * layers - 1 weight layers l1..lL,
+  // bn1..bn(L-1); convnet and resnet: l1..l3, bn1, bn2); bn_scale_*: one per batch norm.
   e.trace_length = [](const Params& p) -> std::int64_t {
     const std::int64_t steps = planned_steps(p), every = p.integer("hist_every");
     const std::int64_t histograms = every == 0 ? 0 : (steps + every - 1) / every;
-    return 2 * steps + (2 * p.integer("layers") - 1) * kHistBins * histograms;
+    const LayerCounts layers = layer_counts(p);
+    return 2 * steps + layers.recorded * kHistBins * histograms + 2 * layers.batch_norms;
   };
   e.fp_exceptions_note =
-      "scopes: init (initial weights and the training inputs rounded into their formats), forward.l<k> (Linear k "
-      "through the unit), forward.bn<k> (batch norm and ReLU), loss (softmax cross-entropy and its gradient), "
-      "backward.l<k>.bias|dw|dx, backward.bn<k>, update.<tensor> (tensor = l<k>, l<L>.bias, bn<k>.gamma, "
-      "bn<k>.beta: unscaling, optimiser and the update rule), evaluate.train.* and evaluate.test.* (the final "
-      "evaluation in the model's arithmetic: input, l<k>, bn<k>, loss). Elements: (sample, channel or class), "
-      "(channel), or a tensor's flat index in update.*; the unit's own operations (fma, amp, mma, ...) carry the "
-      "elements the unit reports. Counts add up over all steps and keep the first element. The baseline "
+      "scopes: init (initial weights and the training inputs rounded into their formats), forward.<layer>, loss "
+      "(softmax cross-entropy and its gradient), backward.<layer> (dense layers and convolutions: "
+      "backward.<layer>.bias|dw|dx), update.<tensor> (unscaling, optimiser and the update rule), evaluate.train.* "
+      "and evaluate.test.* (the final evaluation in the model's arithmetic: input, the layers, loss). Layers: mlp "
+      "l<k> (Linear k through the unit), bn<k> (batch norm and ReLU); convnet conv<k>, bn<k>, dense; resnet "
+      "stem.conv, stem.bn, stage<s>.block<b>.conv1|bn1|conv2|bn2|shortcut|add (backward: add sums the gradients of "
+      "the two paths at the block input), pool (global average pooling), dense. Tensors: mlp l<k>, l<L>.bias, "
+      "bn<k>.gamma, bn<k>.beta; convnet conv<k>, bn<k>.gamma|beta, dense, dense.bias; resnet the layer names above "
+      "with .gamma|.beta for batch norms. Elements: (sample, channel, row, column) for images, (sample, channel or "
+      "class), (channel), or a tensor's flat index in update.*; the unit's own operations (fma, amp, mma, ...) "
+      "carry the elements the unit reports. Counts add up over all steps and keep the first element. The baseline "
       "(update: fp32) counts and traps in fp32 like any other";
   return e;
 }

@@ -92,7 +92,7 @@ def main():
             ("missing file", "missing.h5", "no such file"),
             ("directory", "folder.h5", "is a directory"),
             ("not HDF5", "text.h5", "not an HDF5 file"),
-            ("x not 2-D", "x1d.h5", "'x' must be a 2-D float dataset"),
+            ("x not 2-D", "x1d.h5", "'x' must be a float dataset [N, D] or [N, C, H, W]"),
             ("x not float", "xint.h5", "its type is not float"),
             ("no y", "noy.h5", "no dataset 'y'"),
             ("y not integer", "yfloat.h5", "its type is not integer"),

@@ -108,13 +108,16 @@ TEST_CASE("split is a deterministic partition and standardisation uses the train
 
 TEST_CASE("HDF5 input is read as written, and bad files are refused with path and reason", "[train][data]") {
   const std::string good = write_file("good.h5", 30, 4, 3);
-  const auto d = data::load_h5(good);
+  const auto file = data::load_h5(good);
+  const data::Dataset* d = &file->samples;
   REQUIRE(d->size() == 30u);
   CHECK(d->features == 4);
   CHECK(d->classes == 3);
+  CHECK_FALSE(d->is_image());
+  CHECK_FALSE(file->test.has_value());
   CHECK(d->x[7 * 4 + 2] == 7.2f);
   CHECK(d->y[29] == 2);
-  CHECK(data::load_h5(good) == d);  // cached per path
+  CHECK(data::load_h5(good) == file);  // cached per path
 
   require_error(temp_path("missing.h5").string(), "no such file");
   require_error(write_file("no_y.h5", 10, 2, 2, false), "no dataset 'y'");
@@ -132,7 +135,7 @@ TEST_CASE("a data file rewritten under the same path is read again", "[train][da
   write_file("rewritten.h5", 40, 4, 3);  // new size and modification time
   const auto second = data::load_h5(path);
   CHECK(second != first);
-  CHECK(second->size() == 40u);
+  CHECK(second->samples.size() == 40u);
 }
 
 TEST_CASE("a data file that goes bad after check_point is BadInput (exit 2), not a bug", "[train][data]") {
@@ -207,11 +210,158 @@ TEST_CASE("scripts/make_digits_h5.py writes sklearn's 8x8 digits in the input la
   }
   const std::string out = temp_path("digits.h5").string();
   REQUIRE(std::system(("/usr/bin/python3 scripts/make_digits_h5.py " + out + " >/dev/null").c_str()) == 0);
-  const auto d = data::load_h5(out);
-  // UCI optical digits as sklearn ships them: 1797 images of 8x8 pixels, values 0..16.
+  const auto file = data::load_h5(out);
+  const data::Dataset* d = &file->samples;
+  // UCI optical digits as sklearn ships them: 1797 images of 8x8 pixels, values 0..16,
+  // written as images [N, 1, 8, 8] (the MLP reads their 64 pixels).
+  CHECK(d->sample_shape() == "[1, 8, 8]");
   CHECK(d->size() == 1797u);
   CHECK(d->features == 64);
   CHECK(d->classes == 10);
   CHECK(*std::min_element(d->x.begin(), d->x.end()) == 0.0f);
   CHECK(*std::max_element(d->x.begin(), d->x.end()) == 16.0f);
+}
+
+namespace {
+
+// An image file: x [n, c, h, w] float32 with x[i][ch][r][col] = i + ch / 10 + r / 100 +
+// col / 1000, y [n] = i % classes, and when test_n > 0 x_test [test_n, c, h, w] (value
+// -i - ...) and y_test = (i + 1) % test_classes.
+std::string write_images(const std::string& name, int n, int c, int h, int w, int classes, int test_n = 0,
+                         int test_classes = 2, int test_c = -1) {
+  const std::string path = temp_path(name).string();
+  const hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  auto images = [&](const char* x_name, const char* y_name, int count, int channels, double sign, int cls, int shift) {
+    std::vector<float> x(static_cast<std::size_t>(count) * channels * h * w);
+    std::size_t k = 0;
+    for (int i = 0; i < count; ++i)
+      for (int ch = 0; ch < channels; ++ch)
+        for (int r = 0; r < h; ++r)
+          for (int col = 0; col < w; ++col) x[k++] = static_cast<float>(sign * (i + ch / 10.0 + r / 100.0 + col / 1000.0));
+    write_dataset(file, x_name, H5T_NATIVE_FLOAT, {hsize_t(count), hsize_t(channels), hsize_t(h), hsize_t(w)}, x.data());
+    std::vector<int> y(count);
+    for (int i = 0; i < count; ++i) y[i] = (i + shift) % cls;
+    if (y_name) write_dataset(file, y_name, H5T_NATIVE_INT, {hsize_t(count)}, y.data());
+  };
+  images("x", "y", n, c, 1.0, classes, 0);
+  if (test_n > 0) images("x_test", "y_test", test_n, test_c < 0 ? c : test_c, -1.0, test_classes, 1);
+  H5Fclose(file);
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("image files: x [N, C, H, W] with its own test split, and their errors", "[train][data]") {
+  const auto file = data::load_h5(write_images("images.h5", 6, 2, 3, 4, 3, 7, 7));
+  const data::Dataset& d = file->samples;
+  CHECK(d.is_image());
+  CHECK(d.sample_shape() == "[2, 3, 4]");
+  CHECK(d.features == 24);
+  CHECK(d.x[((4 * 2 + 1) * 3 + 2) * 4 + 3] == 4.123f);  // NCHW, row-major
+  REQUIRE(file->test.has_value());
+  const data::Dataset& t = *file->test;
+  CHECK(t.size() == 7u);
+  CHECK(t.sample_shape() == "[2, 3, 4]");
+  CHECK(t.x[24 * 2] == -2.0f);
+  CHECK(t.y[4] == 5);
+  // classes count the labels of both splits: the largest is y_test's 6.
+  CHECK(d.classes == 7);
+  CHECK(t.classes == 7);
+
+  SECTION("x_test's sample shape must be x's") {
+    require_error(write_images("mismatch.h5", 6, 2, 3, 4, 3, 5, 2, 1), "x_test's samples are [1, 3, 4] but x's are [2, 3, 4]");
+  }
+  SECTION("x_test needs y_test") {
+    const std::string path = temp_path("half.h5").string();
+    const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    const std::vector<float> x(8, 1.0f);
+    const std::vector<int> y{0, 1};
+    write_dataset(f, "x", H5T_NATIVE_FLOAT, {2, 4}, x.data());
+    write_dataset(f, "y", H5T_NATIVE_INT, {2}, y.data());
+    write_dataset(f, "x_test", H5T_NATIVE_FLOAT, {2, 4}, x.data());
+    H5Fclose(f);
+    require_error(path, "has 'x_test' without 'y_test'");
+  }
+  SECTION("x of rank 3 is neither flat nor an image") {
+    const std::string path = temp_path("rank3.h5").string();
+    const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    const std::vector<float> x(8, 1.0f);
+    const std::vector<int> y{0, 1};
+    write_dataset(f, "x", H5T_NATIVE_FLOAT, {2, 2, 2}, x.data());
+    write_dataset(f, "y", H5T_NATIVE_INT, {2}, y.data());
+    H5Fclose(f);
+    require_error(path, "'x' must be a float dataset [N, D] or [N, C, H, W] (images; float32, float16/64 are read as "
+                        "float32), but it has 3 dimensions");
+  }
+}
+
+TEST_CASE("a missing data file names the command that writes it", "[train][data]") {
+  require_error(temp_path("fashion_mnist.h5").string(),
+                "no such file (create it with: /usr/bin/python3 scripts/make_fashion_mnist_h5.py " +
+                    temp_path("fashion_mnist.h5").string() + ")");
+  require_error(temp_path("digits_absent.h5").string(), "create it with: /usr/bin/python3 scripts/make_digits_h5.py ");
+  require_error(temp_path("mine.h5").string(), "scripts/make_fashion_mnist_h5.py and scripts/make_digits_h5.py");
+}
+
+TEST_CASE("first_samples and per-channel standardisation of images", "[train][data]") {
+  const auto file = data::load_h5(write_images("standardise.h5", 10, 2, 3, 3, 2, 4));
+  data::Split s{data::first_samples(file->samples, 7), data::first_samples(*file->test, 0)};
+  REQUIRE(s.train.size() == 7u);
+  CHECK(s.test.size() == 4u);  // 0 = all
+  CHECK(s.train.sample_shape() == "[2, 3, 3]");
+  CHECK(s.train.x.back() == file->samples.x[7 * 18 - 1]);
+  data::standardise_channels(s);
+  // Oracle: per channel, the mean and population sd over the 7 x 9 training pixels in
+  // fp64 from the values as written; every pixel standardised with them.
+  for (int c = 0; c < 2; ++c) {
+    double sum = 0.0, squares = 0.0;
+    std::vector<double> v;
+    for (int i = 0; i < 7; ++i)
+      for (int k = 0; k < 9; ++k) v.push_back(file->samples.x[(i * 2 + c) * 9 + k]);
+    for (double a : v) sum += a;
+    const double mean = sum / v.size();
+    for (double a : v) squares += (a - mean) * (a - mean);
+    const double sd = std::sqrt(squares / v.size());
+    double after = 0.0, after_sq = 0.0;
+    for (int i = 0; i < 7; ++i)
+      for (int k = 0; k < 9; ++k) {
+        const float x = s.train.x[(i * 2 + c) * 9 + k];
+        CHECK(x == Approx((file->samples.x[(i * 2 + c) * 9 + k] - mean) / sd).margin(1e-6));
+        after += x;
+        after_sq += double(x) * x;
+      }
+    CHECK(after / 63 == Approx(0.0).margin(1e-6));
+    CHECK(after_sq / 63 == Approx(1.0).epsilon(1e-5));
+    CHECK(s.test.x[c * 9] == Approx((file->test->x[c * 9] - mean) / sd).margin(1e-6));
+  }
+  data::Split flat = data::split(data::make_synthetic({40, 4, 2, 1.0, 1}), 0.25, 1);
+  CHECK_THROWS_AS(data::standardise_channels(flat), std::invalid_argument);
+}
+
+TEST_CASE("scripts/make_fashion_mnist_h5.py keeps the official split, as images", "[train][data]") {
+  if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")) {
+    WARN("skipped: Debian's dataset-fashion-mnist is not installed (scripts/setup installs it)");
+    return;
+  }
+  const std::string out = temp_path("fashion_mnist_small.h5").string();
+  REQUIRE(std::system(("/usr/bin/python3 scripts/make_fashion_mnist_h5.py " + out +
+                       " --train-samples 120 --test-samples 30 >/dev/null").c_str()) == 0);
+  const auto file = data::load_h5(out);
+  const data::Dataset& d = file->samples;
+  REQUIRE(file->test.has_value());
+  CHECK(d.size() == 120u);
+  CHECK(file->test->size() == 30u);
+  CHECK(d.sample_shape() == "[1, 28, 28]");
+  CHECK(d.classes == 10);
+  CHECK(*std::min_element(d.x.begin(), d.x.end()) == 0.0f);
+  CHECK(*std::max_element(d.x.begin(), d.x.end()) == 255.0f);
+  // The first labels of each IDX file as `zcat FILE | od -An -tu1 -j8 -N4` prints them
+  // (after the 8-byte header): 9 (ankle boot), 0, 0, 3 and 9, 2, 1, 1.
+  CHECK(std::vector<int>(d.y.begin(), d.y.begin() + 4) == std::vector<int>{9, 0, 0, 3});
+  CHECK(std::vector<int>(file->test->y.begin(), file->test->y.begin() + 4) == std::vector<int>{9, 2, 1, 1});
+  // Bad arguments and a missing source exit 2 with one line.
+  CHECK(std::system(("/usr/bin/python3 scripts/make_fashion_mnist_h5.py " + out +
+                     " --train-samples 0 2>/dev/null").c_str()) == 2 * 256);
+  CHECK(std::system(("/usr/bin/python3 scripts/make_fashion_mnist_h5.py " + out +
+                     " --source /nonexistent 2>/dev/null").c_str()) == 2 * 256);
 }

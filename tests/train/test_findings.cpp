@@ -203,10 +203,7 @@ TEST_CASE("unscale: lr folds 1/S into an fp16 learning rate, which underflows, a
       const std::vector<double>& v = p.master.empty() ? p.value : p.master;
       all.insert(all.end(), v.begin(), v.end());
     };
-    for (const Param& p : t.model().weights) add(p);
-    add(t.model().bias);
-    for (const Param& p : t.model().gamma) add(p);
-    for (const Param& p : t.model().beta) add(p);
+    for (const ParamRef& p : t.params()) add(*p.param);
     return all;
   };
   auto steps = [](Trainer& t, int n) {
@@ -276,7 +273,8 @@ TEST_CASE("unscale_format matters only where dividing by S rounds differently", 
     Trainer t(spec, data, 1, 0, emu::StreamId{1, 0, 0, 3});
     for (int i = 0; i < 100; ++i) t.step();
     std::vector<double> all;
-    for (const Param& p : t.model().weights) all.insert(all.end(), p.master.begin(), p.master.end());
+    for (const ParamRef& p : t.params())
+      if (p.role == ParamRole::weight) all.insert(all.end(), p.param->master.begin(), p.param->master.end());
     return all;
   };
   const std::vector<double> by_auto = masters("auto"), by_fp32 = masters("fp32"), by_compute = masters("compute");

@@ -223,7 +223,7 @@ TEST_CASE("inference in fp16 equals an independent binary16/float32 computation"
   }
   std::vector<double> x(data.x.begin(), data.x.end());
   for (double& v : x) v = double(h16(v));
-  const std::vector<double> logits = mlp.logits(ctx, x);
+  const std::vector<double> logits = mlp.logits(ctx, x, 0);
   REQUIRE(logits.size() == h.size());
   for (std::size_t k = 0; k < h.size(); ++k) {
     INFO("logit " << k);
