@@ -7,8 +7,9 @@
 // timed calls (N = 5 where the calls are quick, fewer for slow ones, at least 1). At
 // 1024^3 slow models run a subset of the rows of C (the same matrices, fewer output
 // rows: as many as a call of about a second takes at their 256^3 speed), scaled to
-// GFLOP/s, and say so. Targets from the issue: ipu-amp (float partials) at least 0.25x
-// the float loop, every tensor-core preset at least 0.05x.
+// GFLOP/s, and say so. Targets from the issues: ipu-amp (float partials) at least 0.25x
+// the float loop, every tensor-core preset and the reference units (exact, fp32-seq,
+// fp16-seq, also in their unfused forms) at least 0.05x.
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
@@ -137,16 +138,6 @@ UnitTiming time_unit(const emu::MatrixUnit& unit, const Problem& p, std::size_t 
   return {gflops(rows, p.n, t.seconds), rows, t.repeats};
 }
 
-bool is_tensor_core(emu::UnitKind k) {
-  switch (k) {
-    case emu::UnitKind::v100: case emu::UnitKind::t4: case emu::UnitKind::a100: case emu::UnitKind::ada:
-    case emu::UnitKind::l40s: case emu::UnitKind::h100: case emu::UnitKind::h200: case emu::UnitKind::b200:
-      return true;
-    default:
-      return false;
-  }
-}
-
 }  // namespace
 
 int main() {
@@ -181,12 +172,25 @@ int main() {
     double need;
   };
   std::vector<Target> targets;
-  for (const char* const* name = emu::unit_names(); *name != nullptr; ++name) {
+  // Every unit by name, then the sequential units' unfused forms.
+  struct Entry {
+    std::string name;
+    emu::UnitKind kind;
+    bool unfused;
+  };
+  std::vector<Entry> entries;
+  for (const char* const* name = emu::unit_names(); *name != nullptr; ++name)
+    entries.push_back({*name, emu::unit_kind_by_name(*name), false});
+  for (emu::UnitKind kind : {emu::UnitKind::fp32_seq, emu::UnitKind::fp16_seq})
+    entries.push_back({std::string(emu::unit_kind_name(kind)) + "/u", kind, true});
+  for (const Entry& entry : entries) {
+    const char* const name = entry.name.c_str();
     std::unique_ptr<emu::MatrixUnit> unit;
     try {
-      unit = emu::make_unit(emu::unit_kind_by_name(*name), emu::fp16());
+      unit = entry.unfused ? emu::make_sequential_unit(entry.kind, false, emu::fp16())
+                           : emu::make_unit(entry.kind, emu::fp16());
     } catch (const std::invalid_argument& e) {
-      std::printf("%-13s not available (%s)\n", *name, e.what());
+      std::printf("%-13s not available (%s)\n", name, e.what());
       continue;
     }
     UnitTiming t[2];
@@ -212,14 +216,16 @@ int main() {
       if (blas_gf[s] > 0) std::snprintf(text, sizeof text, "%.4f", t[s].gflops / blas_gf[s]);
       return std::string(text);
     };
-    std::printf("%-13s %11.4f %8.4f %8s %11.4f %8.4f %8s  %s\n", *name, t[0].gflops, t[0].gflops / loop_gf[0],
+    std::printf("%-13s %11.4f %8.4f %8s %11.4f %8.4f %8s  %s\n", name, t[0].gflops, t[0].gflops / loop_gf[0],
                 blas_ratio(0).c_str(), t[1].gflops, t[1].gflops / loop_gf[1], blas_ratio(1).c_str(), note.c_str());
     const emu::UnitKind kind = unit->kind();
-    if (kind == emu::UnitKind::ipu_amp || is_tensor_core(kind))
-      targets.push_back({std::string(*name) + (kind == emu::UnitKind::ipu_amp ? " (float partials)" : ""),
+    if (kind != emu::UnitKind::ipu_amp_half)
+      targets.push_back({entry.name + (kind == emu::UnitKind::ipu_amp ? " (float partials)" : "") +
+                             (entry.unfused ? " (unfused)" : ""),
                          {t[0].gflops / loop_gf[0], t[1].gflops / loop_gf[1]},
                          kind == emu::UnitKind::ipu_amp ? 0.25 : 0.05});
   }
+  std::printf("(/u: the unfused form, c <- c + round(a b))\n");
 
   std::printf("\ntargets (ratio to the float32 triple loop at 256^3 and 1024^3)\n");
   for (const Target& target : targets) {

@@ -443,7 +443,7 @@ int main(int argc, char** argv) {
   // fp_exceptions: count against off, the same training interleaved step by step.
   std::printf("\nfp_exceptions count / off: CPU time of a training step counting OFLO, DIV0 and INV per scope and op,\n"
               "over the same step with fp_exceptions off (goal: at most 1.3), both trained in turn in the same run\n");
-  std::printf("%-13s %-14s %6s %12s %12s %9s %9s %8s %s\n", "unit", "loss scale", "steps", "off step/ms", "count step/ms",
+  std::printf("%-13s %-14s %6s %12s %12s %9s %9s %8s %s\n", "unit", "loss scale", "steps", "off ms/step", "count ms/step",
               "count/off", "(best)", "counted", "same losses");
   spec.rule = roundoff::train::UpdateRule::fp32_master;
   for (const char* unit : {"fp32-seq", "ipu-amp", "ipu-amp-half", "a100"})

@@ -3,20 +3,18 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <cfenv>
 #include <climits>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "exact_sum.hpp"
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
-#endif
+#include "simd.hpp"
 
 namespace emu {
 
@@ -27,57 +25,10 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 using i128 = __int128;
-using u128 = unsigned __int128;
 
 bool same_layout(const Format& a, const Format& b) { return a == b; }
 bool is_fp16(const Format& f) { return same_layout(f, fp16()); }
 bool is_fp32(const Format& f) { return same_layout(f, fp32()); }
-
-// A finite non-zero double as +-m * 2^e with m odd (m < 2^53).
-struct OddSignificand {
-  std::uint64_t m;
-  int e;                             // weight of the lowest set bit
-  int highest() const { return e + static_cast<int>(std::bit_width(m)) - 1; }  // floor(log2 |x|)
-};
-OddSignificand odd_significand(double x) {
-  const auto bits = std::bit_cast<std::uint64_t>(x);
-  const int field = static_cast<int>((bits >> 52) & 0x7FF);
-  std::uint64_t m = bits & ((std::uint64_t{1} << 52) - 1);
-  int e = -1074;
-  if (field != 0) {
-    m |= std::uint64_t{1} << 52;
-    e = field - 1075;
-  }
-  const int tz = std::countr_zero(m);
-  return {m >> tz, e + tz};
-}
-
-// The nearest double to v * 2^lsb (ties to even) and the residual, for a non-zero v.
-Exact from_fixed(i128 v, int lsb) {
-  const bool negative = v < 0;
-  const u128 mag = negative ? -static_cast<u128>(v) : static_cast<u128>(v);
-  const auto top = static_cast<std::uint64_t>(mag >> 64);
-  const int width = top != 0 ? 128 - std::countl_zero(top) : 64 - std::countl_zero(static_cast<std::uint64_t>(mag));
-  double hi = 0, lo = 0;
-  if (width <= 53) {
-    hi = std::ldexp(static_cast<double>(static_cast<std::uint64_t>(mag)), lsb);
-  } else {
-    // Keep the top 53 bits; round the rest to nearest, ties to even.
-    const int shift = width - 53;
-    u128 kept = mag >> shift;
-    const u128 rest = mag - (kept << shift);
-    const u128 half = u128{1} << (shift - 1);
-    i128 residual = static_cast<i128>(rest);
-    if (rest > half || (rest == half && (kept & 1))) {
-      ++kept;
-      residual -= static_cast<i128>(u128{1} << shift);
-    }
-    hi = std::ldexp(static_cast<double>(static_cast<std::uint64_t>(kept)), lsb + shift);
-    lo = std::ldexp(static_cast<double>(residual), lsb);  // exact when it fits a double
-  }
-  if (std::isinf(hi)) return {negative ? -kInf : kInf, 0.0, true};
-  return negative ? Exact{-hi, -lo} : Exact{hi, lo};
-}
 
 // The exact sum of n <= 65 finite doubles. Terms whose bits span at most 120 binades
 // are summed as integers in 128 bits (65 terms below 2^120 cannot overflow 2^127);
@@ -102,7 +53,7 @@ Exact exact_sum_of(const double* t, int n) {
       acc += negative[i] ? -term : term;
     }
     if (acc == 0) return {0.0};
-    return from_fixed(acc, lowest);
+    return exact_from_fixed(acc, lowest);
   }
   ExactSum sum;
   for (int i = 0; i < n; ++i) sum.add(t[i]);
@@ -149,7 +100,11 @@ int largest_exponent(const double* t, int n) {
 // the roundings with their flags.
 class AmpRun {
  public:
-  AmpRun(Context& ctx, const AmpConfig& cfg) : ctx_(ctx), cfg_(cfg), accumulator_(fp32()) {}
+  AmpRun(Context& ctx, const AmpConfig& cfg)
+      : ctx_(ctx), cfg_(cfg), accumulator_(fp32()),
+        defer_inexact_(((ctx.control.counted | ctx.control.traps) & INEXACT) == 0) {}
+
+  Context& context() const { return ctx_; }
 
   double dot(std::size_t k, const double* a, std::size_t sa, const double* b, std::size_t sb, double c) {
     const std::size_t per_pass = static_cast<std::size_t>(cfg_.products_per_pass());
@@ -266,15 +221,17 @@ class AmpRun {
 
   // Rounds into f: fp32 with the accumulator's rounding, narrower formats under the
   // context (RNE, or SR when esr is set). RNE results in f's normal range take the fast
-  // path, whose only flag, INEXACT (never trapped), is collected and raised in one go
-  // before the next general rounding and at the end of the dot product.
+  // path, whose only flag, INEXACT, is collected and raised in one go before the next
+  // general rounding and at the end of the dot product (the element's), unless the
+  // context counts or traps INEXACT: then every rounding raises its own, with its
+  // operand and result.
   double round_into(const Format& f, const Exact& x, double operand, Flags raised) {
     const bool accumulator_width = f.precision() >= accumulator_.precision();
     const Rounding mode = accumulator_width && cfg_.accumulator_rounding ? *cfg_.accumulator_rounding
                                                                         : ctx_.control.effective_rounding();
     double result = 0;
     bool inexact = false;
-    if (raised == 0 && mode == Rounding::rne && round_nearest_even_normal(f, x, result, inexact)) {
+    if (raised == 0 && mode == Rounding::rne && defer_inexact_ && round_nearest_even_normal(f, x, result, inexact)) {
       inexact_pending_ |= inexact;
       return result;
     }
@@ -319,6 +276,7 @@ class AmpRun {
   Context& ctx_;
   const AmpConfig& cfg_;
   const Format& accumulator_;  // the fp32 the running value is rounded into
+  const bool defer_inexact_;
   bool inexact_pending_ = false;
 };
 
@@ -348,12 +306,28 @@ class AmpRun {
 //     rounding, INEXACT iff the value changed; fp16 likewise (F16C, RNE given in the
 //     instruction), after checking that the fp32 value is zero or a normal fp16 one.
 //  4. A lane that fails a check redoes that phase through AmpRun, the exact model,
-//     which raises its own flags. Without traps flags are a set, so results and flags
-//     are those of AmpRun; tests/amp/test_amp_fast.cpp compares the two.
+//     which raises its own flags, with the lane's element (row, column) set first.
+//     Without traps flags are a set, so results and flags are those of AmpRun;
+//     tests/amp/test_amp_fast.cpp compares the two.
+//  5. Counting (FpControl::counted): the kernel visits the elements tile by tile and
+//     phase by phase, not in gemm's row-major order, so the lanes it hands to AmpRun
+//     raise their flags out of order. With counting on, AmpRun runs on a scratch
+//     context; after each lane's call its counts are folded into ElementOrderCounts
+//     (each element once per (scope, op, flag), the least element first) and at the
+//     end added to the caller's context in the order of their first elements: the
+//     counts the row-major exact path records. INEXACT and UFLO cannot be counted
+//     this way (the kernel raises INEXACT once per call, without an element): counting
+//     either of them takes the exact path; OFLO, DIV0 and INV only ever come from the
+//     exact model, so counting them keeps the vectorised path.
 // Builds without AVX2, FMA and F16C take the exact path.
 namespace fast {
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if EMU_SIMD
+
+using simd::every_lane;
+using simd::host_rounds_to_nearest;
+using simd::magnitude;
+using simd::to_fp16;
 
 constexpr std::size_t kLanes = 4;
 constexpr std::size_t kVectors = 4;
@@ -363,25 +337,12 @@ constexpr std::size_t kPanelRows = kPhase + 2;    // a phase's B rows, then sum 
 constexpr std::size_t kChunkPhases = 16;          // phases per chunk: 12 KiB of panel
 constexpr int kMaxLowestBit = 37;                 // also the bound of an all-zero group
 
-__m256d magnitude(__m256d x) { return _mm256_andnot_pd(_mm256_set1_pd(-0.0), x); }
-bool every_lane(__m256d mask) { return _mm256_movemask_pd(mask) == 0xF; }
-
 // Zero, or normal and finite in the format whose limits are given.
 __m128 normal_or_zero(__m128 x, float min_normal, float max_finite) {
   const __m128 m = _mm_andnot_ps(_mm_set1_ps(-0.0f), x);
   const __m128 in_range = _mm_and_ps(_mm_cmp_ps(m, _mm_set1_ps(min_normal), _CMP_GE_OQ),
                                      _mm_cmp_ps(m, _mm_set1_ps(max_finite), _CMP_LE_OQ));
   return _mm_or_ps(in_range, _mm_cmp_ps(x, _mm_setzero_ps(), _CMP_EQ_OQ));
-}
-
-__m128 to_fp16(__m128 x) { return _mm_cvtph_ps(_mm_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT)); }
-
-// The conversions round as the model only under round-to-nearest, without flushing
-// of subnormals.
-bool host_rounds_to_nearest() {
-  constexpr unsigned kRoundingControl = 0x6000, kFlushToZero = 0x8000, kDenormalsAreZero = 0x0040;
-  return std::fegetround() == FE_TONEAREST &&
-         (_mm_getcsr() & (kRoundingControl | kFlushToZero | kDenormalsAreZero)) == 0;
 }
 
 bool is_fp32_value_or_special(double x) { return !std::isfinite(x) || static_cast<double>(static_cast<float>(x)) == x; }
@@ -432,10 +393,73 @@ struct TilePhase {
   double max_sum_ratio;  // max sum |b| / 2^(LB+26)
 };
 
+// The counts of lanes that ran through the exact model, gathered per (scope, op, flag)
+// and added to the caller's context in element order (step 5 above).
+class ElementOrderCounts {
+ public:
+  explicit ElementOrderCounts(std::size_t elements) : elements_(elements) {}
+
+  // Takes the counts of one lane's call (one element) from the scratch context.
+  void fold(Context& scratch) {
+    for (const OpCount& c : scratch.counts()) {
+      auto same = [&](const Entry& e) { return e.first.flag == c.flag && e.first.op == c.op && e.first.scope == c.scope; };
+      auto it = std::find_if(entries_.begin(), entries_.end(), same);
+      if (it == entries_.end()) {
+        entries_.push_back(Entry{c, sequence_++, 0, std::vector<bool>(elements_, false)});
+        it = entries_.end() - 1;
+      } else if (c.first_element.flat < it->first.first_element.flat) {
+        it->first = c;
+        it->order = sequence_++;
+      }
+      const auto flat = static_cast<std::size_t>(c.first_element.flat);
+      if (!it->seen[flat]) {
+        it->seen[flat] = true;
+        ++it->elements;
+      }
+    }
+    scratch.clear_counts();
+  }
+
+  void commit(Context& ctx) {
+    std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) {
+      if (a.first.first_element.flat != b.first.first_element.flat)
+        return a.first.first_element.flat < b.first.first_element.flat;
+      return a.order < b.order;  // one element's flags in the order it raised them
+    });
+    for (Entry& e : entries_) {
+      e.first.count = e.elements;
+      ctx.add_count(e.first);
+    }
+    entries_.clear();
+  }
+
+ private:
+  struct Entry {
+    OpCount first;         // the least element's count, as its lane raised it
+    std::uint64_t order;   // when `first` was taken
+    std::uint64_t elements;
+    std::vector<bool> seen;  // per element of the gemm
+  };
+  std::size_t elements_;
+  std::vector<Entry> entries_;
+  std::uint64_t sequence_ = 0;
+};
+
+// The control of the scratch context that counting lanes run on: the caller's, with
+// its scope.
+Context scratch_context(const Context& ctx) {
+  Context scratch(ctx.control);
+  if (!ctx.scope().empty()) scratch.push_scope(ctx.scope());
+  return scratch;
+}
+
 class Gemm {
  public:
   Gemm(Context& ctx, const AmpConfig& cfg, std::size_t m, std::size_t n, std::size_t k)
-      : cfg_(cfg), run_(ctx, cfg), m_(m), n_(n), k_(k), phases_((k + kPhase - 1) / kPhase),
+      : cfg_(cfg), ctx_(ctx),
+        scratch_(ctx.control.counted != 0 ? std::optional<Context>(scratch_context(ctx)) : std::nullopt),
+        counts_(ctx.control.counted != 0 ? m * n : 0), run_(scratch_ ? *scratch_ : ctx, cfg), m_(m), n_(n), k_(k),
+        phases_((k + kPhase - 1) / kPhase),
         tiles_((n + kTile - 1) / kTile),
         chunk_(static_cast<std::size_t>(cfg.phases_per_pass) *
                ((kChunkPhases + static_cast<std::size_t>(cfg.phases_per_pass) - 1) /
@@ -465,6 +489,10 @@ class Gemm {
     }
     if (inexact_) run_.note_inexact();
     run_.flush_inexact();
+    if (scratch_) {  // the scratch's flags and counts into the caller's context
+      counts_.commit(ctx_);
+      if (const Flags rest = scratch_->status() & ~ctx_.control.counted) ctx_.raise_flags(rest, "amp", {});
+    }
     return true;
   }
 
@@ -564,12 +592,26 @@ class Gemm {
       }
       if (repaired && p == pass_end(p - 1)) {
         output_rounded = p == phases_;
-        end_pass(running, width, output_rounded ? cfg_.output : cfg_.partials);
+        end_pass(running, i, first_column, width, output_rounded ? cfg_.output : cfg_.partials);
         repaired = false;
       }
     }
     if (end == phases_ && !output_rounded && !same_layout(cfg_.output, cfg_.partials))
-      end_pass(running, width, cfg_.output);
+      end_pass(running, i, first_column, width, cfg_.output);
+  }
+
+  // Runs one lane's call of the exact model as element (i, j), and collects its counts.
+  template <typename Call>
+  double exact_lane(std::size_t i, std::size_t j, Call call) {
+    Context& ctx = run_.context();
+    double result;
+    {
+      const ElementGuard element(ctx, static_cast<std::int64_t>(i * n_ + j),
+                                 {static_cast<std::int64_t>(i), static_cast<std::int64_t>(j)});
+      result = call();
+    }
+    if (scratch_ && !scratch_->counts().empty()) counts_.fold(*scratch_);
+    return result;
   }
 
   // Phases [p, end) (within one chunk) of row i over one tile, without calls so that
@@ -651,14 +693,16 @@ class Gemm {
     for (std::size_t l = 0; l < width; ++l)
       running[l] = std::bit_cast<std::uint64_t>(failed_fine_[l]) != 0
                        ? failed_next_[l]
-                       : run_.phase(running[l], phase_length(p), A + i * lda + start, 1,
-                                    B + start * ldb + first_column + l, ldb);
+                       : exact_lane(i, first_column + l, [&] {
+                           return run_.phase(running[l], phase_length(p), A + i * lda + start, 1,
+                                             B + start * ldb + first_column + l, ldb);
+                         });
   }
 
   // The rounding into the pass's output format: the identity on values of the partials
   // format that are zero or normal, fp32 to fp16 for an f16v4sihoamp last pass, the
   // exact model for the rest.
-  void end_pass(double* values, std::size_t width, const Format& out) {
+  void end_pass(double* values, std::size_t i, std::size_t first_column, std::size_t width, const Format& out) {
     const bool to_half = is_fp16(out) && !is_fp16(cfg_.partials);
     const auto min_normal = static_cast<float>(out.min_normal()), max_finite = static_cast<float>(out.max_finite());
     for (std::size_t start = 0; start < width; start += kLanes) {
@@ -668,7 +712,7 @@ class Gemm {
       _mm_store_ps(half, to_fp16(single));
       for (std::size_t l = start; l < std::min(width, start + kLanes); ++l) {
         if ((fine >> (l - start) & 1) == 0) {
-          values[l] = run_.end_pass(values[l], out);
+          values[l] = exact_lane(i, first_column + l, [&] { return run_.end_pass(values[l], out); });
         } else if (to_half) {
           inexact_ |= half[l - start] != values[l];
           values[l] = half[l - start];
@@ -678,6 +722,9 @@ class Gemm {
   }
 
   const AmpConfig& cfg_;
+  Context& ctx_;
+  std::optional<Context> scratch_;  // where AmpRun runs when the caller counts (step 5)
+  ElementOrderCounts counts_;
   AmpRun run_;
   std::size_t m_, n_, k_, phases_, tiles_;
   std::size_t chunk_;  // phases per chunk: whole passes, at least kChunkPhases
@@ -696,7 +743,8 @@ bool applies(const Context& ctx, const AmpConfig& cfg) {
   return is_fp16(cfg.input) && cfg.alignment_bits == AmpConfig::kExactPhase && cfg.round_each_phase &&
          cfg.products_per_phase == static_cast<int>(kPhase) &&
          cfg.accumulator_rounding.value_or(context_rounding) == Rounding::rne &&
-         (!narrow || context_rounding == Rounding::rne) && ctx.control.traps == 0 && host_rounds_to_nearest();
+         (!narrow || context_rounding == Rounding::rne) && ctx.control.traps == 0 &&
+         (ctx.control.counted & (INEXACT | UFLO)) == 0 && host_rounds_to_nearest();
 }
 
 // C = A B + C through the fast path; false, with nothing done, where it does not apply.
@@ -739,8 +787,11 @@ class AmpUnit final : public MatrixUnit {
       for (std::size_t j = 0; j < n; ++j) columns[j * k + q] = B[q * ldb + j];
     AmpRun run(ctx, cfg_);
     for (std::size_t i = 0; i < m; ++i)
-      for (std::size_t j = 0; j < n; ++j)
+      for (std::size_t j = 0; j < n; ++j) {
+        const ElementGuard element(ctx, static_cast<std::int64_t>(i * n + j),
+                                   {static_cast<std::int64_t>(i), static_cast<std::int64_t>(j)});
         C[i * ldc + j] = run.dot(k, A + i * lda, 1, columns.data() + j * k, 1, C[i * ldc + j]);
+      }
   }
 
  private:
@@ -843,41 +894,32 @@ std::vector<double> amp_conv2d(Context& ctx, const AmpConfig& cfg, const Conv2dS
           w[o * k + position(c, ky, kx)] =
               weights[((o * s.in_channels + c) * s.kernel_height + ky) * s.kernel_width + kx];
 
-  // One AMP gemm per image: rows are its output positions (y, x) with their patches in
-  // reduction order, columns the output channels, C the partials. The gemm computes
-  // C row by row (the vectorised path where it applies gives the same bits), so the
-  // outputs come in the order n, y, x, o as documented.
-  const std::unique_ptr<MatrixUnit> unit = make_amp_unit(cfg);
-  const std::size_t positions = oh * ow, o_count = s.out_channels;
-  std::vector<double> b(k * o_count);
-  for (std::size_t o = 0; o < o_count; ++o)
-    for (std::size_t r = 0; r < k; ++r) b[r * o_count + o] = w[o * k + r];
   std::vector<double> out(s.output_size());
-  std::vector<double> patches(positions * k), c(positions * o_count);
-  for (std::size_t n = 0; n < s.batch; ++n) {
-    std::fill(patches.begin(), patches.end(), 0.0);
+  std::vector<double> patch(k);
+  AmpRun run(ctx, cfg);
+  for (std::size_t n = 0; n < s.batch; ++n)
     for (std::size_t y = 0; y < oh; ++y)
       for (std::size_t x = 0; x < ow; ++x) {
-        double* patch = patches.data() + (y * ow + x) * k;
-        for (std::size_t ch = 0; ch < s.in_channels; ++ch)
+        std::fill(patch.begin(), patch.end(), 0.0);
+        for (std::size_t c = 0; c < s.in_channels; ++c)
           for (std::size_t ky = 0; ky < s.kernel_height; ++ky) {
             const std::size_t row = y * s.stride_h + ky;  // in the padded input
             if (row < s.pad_h || row >= s.pad_h + s.height) continue;
             for (std::size_t kx = 0; kx < s.kernel_width; ++kx) {
               const std::size_t col = x * s.stride_w + kx;
               if (col < s.pad_w || col >= s.pad_w + s.width) continue;
-              patch[position(ch, ky, kx)] =
-                  input[((n * s.in_channels + ch) * s.height + (row - s.pad_h)) * s.width + (col - s.pad_w)];
+              patch[position(c, ky, kx)] =
+                  input[((n * s.in_channels + c) * s.height + (row - s.pad_h)) * s.width + (col - s.pad_w)];
             }
           }
+        for (std::size_t o = 0; o < s.out_channels; ++o) {
+          const std::size_t at = ((n * s.out_channels + o) * oh + y) * ow + x;
+          const ElementGuard element(ctx, static_cast<std::int64_t>(at),
+                                     {static_cast<std::int64_t>(n), static_cast<std::int64_t>(o),
+                                      static_cast<std::int64_t>(y), static_cast<std::int64_t>(x)});
+          out[at] = run.dot(k, patch.data(), 1, w.data() + o * k, 1, partials_in.empty() ? 0.0 : partials_in[at]);
+        }
       }
-    for (std::size_t o = 0; o < o_count; ++o)
-      for (std::size_t q = 0; q < positions; ++q)
-        c[q * o_count + o] = partials_in.empty() ? 0.0 : partials_in[(n * o_count + o) * positions + q];
-    unit->gemm(ctx, positions, o_count, k, patches.data(), k, b.data(), o_count, c.data(), o_count);
-    for (std::size_t o = 0; o < o_count; ++o)
-      for (std::size_t q = 0; q < positions; ++q) out[(n * o_count + o) * positions + q] = c[q * o_count + o];
-  }
   return out;
 }
 

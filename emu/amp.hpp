@@ -120,9 +120,11 @@ std::unique_ptr<MatrixUnit> make_amp_unit(const AmpConfig& cfg);
 
 // Whether gemm takes its vectorised path under ctx: a build with AVX2, FMA and F16C;
 // fp16 inputs; exact phases (alignment_bits -1) of 4 products rounded after every phase;
-// every rounding RNE; no traps; the host rounding to nearest without flushing
+// every rounding RNE; no traps; INEXACT and UFLO not counted (counting OFLO, DIV0 and
+// INV keeps it: emu/amp.cpp, step 5); the host rounding to nearest without flushing
 // subnormals. It also needs, checked per call, fp16 values in A and B and fp32 values
-// (or NaN, inf) in C. Only the speed depends on it.
+// (or NaN, inf) in C. Only the speed depends on it: results, flags, counts and the
+// elements they name are those of the exact path.
 bool amp_gemm_is_vectorised(const Context& ctx, const AmpConfig& cfg);
 
 // ---- 2-D convolution through the AMP (Poplar's convolution with partialsType) -------
@@ -156,8 +158,7 @@ bool amp_gemm_is_vectorised(const Context& ctx, const AmpConfig& cfg);
 // output position (n, y, x) holds the input values in the order r, whose column o holds
 // w[o] in the same order, and whose C holds the partials: results, flags and, under
 // stochastic rounding, the random bits drawn, because the outputs are computed in that
-// gemm's row-major order, n, y, x outer and o inner. It is computed so: one gemm of
-// make_amp_unit per image (vectorised where amp_gemm_is_vectorised says). Rounding, esr, NANOO (overflow
+// gemm's row-major order, n, y, x outer and o inner. Rounding, esr, NANOO (overflow
 // policy) and traps come from ctx, which collects the status flags.
 struct Conv2dShape {
   std::size_t batch = 1, in_channels = 1, height = 1, width = 1;       // N C H W

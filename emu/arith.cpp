@@ -146,6 +146,7 @@ Exact exact_sqrt(double a) {
 }
 
 void Context::push_scope(std::string_view name) {
+  if (name.empty()) throw std::logic_error("emu::Context::push_scope: an empty scope name");
   scope_lengths_.push_back(scope_.size());
   if (!scope_.empty()) scope_ += '.';
   scope_ += name;
@@ -160,36 +161,48 @@ void Context::pop_scope() {
 void Context::set_element(std::int64_t flat, std::initializer_list<std::int64_t> index) {
   if (index.size() > static_cast<std::size_t>(Element::kMaxRank))
     throw std::logic_error("emu::Context::set_element: more than Element::kMaxRank dimensions");
-  element_.flat = flat;
-  element_.rank = static_cast<int>(index.size());
-  std::copy(index.begin(), index.end(), element_.index.begin());
+  Element e;
+  e.flat = flat;
+  e.rank = static_cast<int>(index.size());
+  std::copy(index.begin(), index.end(), e.index.begin());
+  set_element(e);
+}
+
+void Context::set_element(const Element& element) {
+  element_ = element;
+  element_serial_ = element.known() ? ++next_serial_ : 0;
 }
 
 void Context::count(Flags counted, const char* op, std::initializer_list<double> operands, double result) {
   for (Flag f : kAllFlags) {
     if (!(counted & f)) continue;
-    auto key = std::make_tuple(scope_, std::string(op), f);
-    const auto it = count_index_.find(key);
+    const auto it = count_index_.find(std::make_tuple(std::string_view(scope_), std::string_view(op), f));
     if (it != count_index_.end()) {
-      ++counts_[it->second].count;
+      // A scalar operation counts every time; an element once, at its first raise.
+      if (element_serial_ == 0 || it->second.last_element != element_serial_) ++counts_[it->second.index].count;
+      it->second.last_element = element_serial_;
       continue;
     }
-    count_index_.emplace(std::move(key), counts_.size());
+    count_index_.emplace(std::make_tuple(scope_, std::string(op), f), CountSlot{counts_.size(), element_serial_});
     counts_.push_back(OpCount{scope_, op, f, 1, element_, std::vector<double>(operands), result});
   }
 }
 
 void Context::absorb(const Context& other) {
   status_ |= other.status_;
-  for (const OpCount& c : other.counts_) {
-    auto key = std::make_tuple(c.scope, c.op, c.flag);
-    if (const auto it = count_index_.find(key); it != count_index_.end()) {
-      counts_[it->second].count += c.count;
-      continue;
-    }
-    count_index_.emplace(std::move(key), counts_.size());
-    counts_.push_back(c);
+  for (const OpCount& c : other.counts_) add_count(c);
+}
+
+void Context::add_count(const OpCount& c) {
+  status_ |= c.flag;
+  const auto it = count_index_.find(std::make_tuple(std::string_view(c.scope), std::string_view(c.op), c.flag));
+  if (it != count_index_.end()) {
+    counts_[it->second.index].count += c.count;
+    it->second.last_element = 0;
+    return;
   }
+  count_index_.emplace(std::make_tuple(c.scope, c.op, c.flag), CountSlot{counts_.size(), 0});
+  counts_.push_back(c);
 }
 
 void Context::raise(Flags raised, const char* op, std::initializer_list<double> operands, double result) {
@@ -197,7 +210,7 @@ void Context::raise(Flags raised, const char* op, std::initializer_list<double> 
   if (const Flags counted = raised & control.counted) count(counted, op, operands, result);
   const Flags trapped = raised & control.traps;
   if (!trapped) return;
-  for (Flag f : {INV, DIV0, OFLO, UFLO, INEXACT})  // one exception: the most severe enabled flag
+  for (Flag f : {DIV0, OFLO, INV, UFLO, INEXACT})  // the cause first (see arith.hpp)
     if (trapped & f) throw FpException(TrapReport{f, scope_, op, element_, std::vector<double>(operands), result, status_});
 }
 

@@ -36,9 +36,15 @@ Exact exact_sqrt(double a);                     // a >= 0
 // Provenance (for diagnosing numerical issues): a context has a scope path (nestable
 // names, "encoder.block3.ffn.wo", set with emu::Scope) and the element the current
 // tensor operation is computing (set_element). Every raised flag that the control
-// traps throws FpException with a TrapReport naming flag, scope, op, element, operands,
-// the would-be result and the status; every raised flag that the control counts adds
-// one to its (scope, op, flag) count, which keeps the first element and its operands.
+// counts adds one to its (scope, op, flag) count (once per element), which keeps the
+// first element and its operands; then a raised flag that the control traps throws
+// FpException with a TrapReport naming flag, scope, op, element, operands, the
+// would-be result and the status. When one operation raises several trapped flags the
+// report names the cause, in the order DIV0, OFLO, INV, UFLO, INEXACT: INV can be the
+// consequence of the other two (NANOO's NaN on overflow; x/0 into a format without
+// inf), never their cause.
+class ElementGuard;
+
 class Context {
  public:
   explicit Context(FpControl control = {}, Rng rng = Rng{}) : control(control), rng_(rng) {}
@@ -57,17 +63,18 @@ class Context {
 
   // The element the current tensor operation computes (flat row-major index into its
   // output, and the index per dimension where known, at most Element::kMaxRank).
-  // Scalar code leaves it unset; a tensor operation sets it per element and clears it
-  // when done.
-  void set_element(std::int64_t flat) {
-    element_.flat = flat;
-    element_.rank = 0;
-  }
-  void set_element(std::int64_t flat, std::initializer_list<std::int64_t> index);
-  void clear_element() { element_ = Element{}; }
+  // Scalar code leaves it unset; a tensor operation sets it per element (ElementGuard)
+  // and restores the previous one when done. Every set_element starts a new element:
+  // the flags one element raises count once per (scope, op, flag), however many of
+  // its steps raise them.
+  void set_element(std::int64_t flat, std::initializer_list<std::int64_t> index = {});
+  void set_element(const Element& element);
+  void clear_element() { set_element(Element{}); }
   const Element& element() const { return element_; }
 
-  // The counted flags, one entry per (scope, op, flag) in the order first raised.
+  // The counted flags, one entry per (scope, op, flag) in the order first raised: how
+  // many elements (scalar operations, or elements of a tensor operation) raised it, and
+  // the first of them with its operands and result.
   const std::vector<OpCount>& counts() const { return counts_; }
   // Adds the sticky status and the counts of a context that ran part of this one's work
   // (e.g. a copy on another thread) as if this context had run it after its own: the
@@ -78,6 +85,11 @@ class Context {
     counts_.clear();
     count_index_.clear();
   }
+  // Adds a count gathered elsewhere (a unit that computes its elements out of order
+  // collects them and adds them in element order): raises c.flag into the status
+  // without counting or trapping it again; the same (scope, op, flag) adds c.count and
+  // keeps its first element, a new one is appended as it is.
+  void add_count(const OpCount& c);
 
   double add(const Format& f, double a, double b);
   double sub(const Format& f, double a, double b);
@@ -120,13 +132,24 @@ class Context {
   void raise(Flags raised, const char* op, std::initializer_list<double> operands, double result);
   void count(Flags counted, const char* op, std::initializer_list<double> operands, double result);
 
+  // Where a (scope, op, flag) is in counts_, and the element that last added to it.
+  struct CountSlot {
+    std::size_t index;
+    std::uint64_t last_element;  // element_serial_ then; 0: a scalar operation
+  };
+
   Rng rng_;
   Flags status_ = 0;
   std::string scope_;
   std::vector<std::size_t> scope_lengths_;  // scope_'s length before each push
   Element element_;
+  std::uint64_t element_serial_ = 0;  // one per set_element of a known element (from 1)
   std::vector<OpCount> counts_;
-  std::map<std::tuple<std::string, std::string, Flag>, std::size_t> count_index_;
+  // Looked up with string_views (std::less<>): counting a known key allocates nothing.
+  std::map<std::tuple<std::string, std::string, Flag>, CountSlot, std::less<>> count_index_;
+  std::uint64_t next_serial_ = 0;
+
+  friend class ElementGuard;
 };
 
 // Names a part of a computation for as long as it lives (RAII, nestable):
@@ -142,18 +165,26 @@ class Scope {
   Context& ctx_;
 };
 
-// Sets the element of a tensor operation for as long as it lives and clears it after.
+// Sets the element of a tensor operation for as long as it lives, then restores the
+// element that was set before (none, or an enclosing operation's).
 class ElementGuard {
  public:
-  ElementGuard(Context& ctx, std::int64_t flat, std::initializer_list<std::int64_t> index = {}) : ctx_(ctx) {
+  ElementGuard(Context& ctx, std::int64_t flat, std::initializer_list<std::int64_t> index = {})
+      : ctx_(ctx), previous_(ctx.element_), previous_serial_(ctx.element_serial_) {
     ctx_.set_element(flat, index);
   }
-  ~ElementGuard() { ctx_.clear_element(); }
+  // The enclosing element continues (it is not a new one).
+  ~ElementGuard() {
+    ctx_.element_ = previous_;
+    ctx_.element_serial_ = previous_serial_;
+  }
   ElementGuard(const ElementGuard&) = delete;
   ElementGuard& operator=(const ElementGuard&) = delete;
 
  private:
   Context& ctx_;
+  Element previous_;
+  std::uint64_t previous_serial_;
 };
 
 }  // namespace emu

@@ -1074,7 +1074,8 @@ bool has_layout(const Format& f, int exponent_bits, int fraction_bits) {
 
 bool HalfRounding::supports(const Format& format, const RoundSpec& spec) {
   return (has_layout(format, 5, 10) || has_layout(format, 8, 7)) &&
-         (spec.mode == Rounding::rne || spec.mode == Rounding::sr) && spec.sr_bits >= 0 && spec.sr_bits <= 32;
+         (spec.mode == Rounding::rne || spec.mode == Rounding::sr) && spec.sr_bits >= 0 && spec.sr_bits <= 32 &&
+         spec.tininess == Tininess::before;
 }
 
 HalfRounding::HalfRounding(const Format& format, const RoundSpec& spec, StreamId stream)
@@ -1086,7 +1087,9 @@ HalfRounding::HalfRounding(const Format& format, const RoundSpec& spec, StreamId
       stream_(stream) {
   if (!supports(format, spec))
     throw std::invalid_argument(std::string("fast array rounding supports fp16 and bf16 layouts with rne or sr ") +
-                                "(sr_bits 0..32), not " + format.name() + " " + rounding_name(spec.mode));
+                                "(sr_bits 0..32) and tininess before rounding, not " + format.name() + " " +
+                                rounding_name(spec.mode) + " tininess " + tininess_name(spec.tininess) +
+                                " (round_array takes every spec)");
 }
 
 Flags round_to_bits(const HalfRounding& how, std::span<const float> in, std::span<std::uint16_t> out,

@@ -58,8 +58,9 @@ namespace emu {
 class HalfRounding {
  public:
   // Throws std::invalid_argument unless `format` has fp16's or bf16's layout (IEEE
-  // encoding, 5+10 or 8+7 bits; subnormals on or off), spec.mode is rne or sr, and
-  // spec.sr_bits is 0..32.
+  // encoding, 5+10 or 8+7 bits; subnormals on or off), spec.mode is rne or sr,
+  // spec.sr_bits is 0..32 and spec.tininess is before (the kernels decide UFLO and the
+  // flush before rounding; round_array honours `after`).
   HalfRounding(const Format& format, const RoundSpec& spec, StreamId stream = {});
   // Whether the constructor would accept these.
   static bool supports(const Format& format, const RoundSpec& spec);

@@ -8,6 +8,7 @@ namespace emu {
 
 namespace {
 
+using i128 = __int128;
 using u128 = unsigned __int128;
 
 struct Decomposed {
@@ -23,7 +24,63 @@ Decomposed decompose(double x) {
   return {fraction | (std::uint64_t{1} << 52), field - 1075};
 }
 
+// |x| rounded to 53 bits, ties to even: x = kept * 2^shift + rest exactly, with
+// |rest| <= 2^(shift - 1).
+struct Rounded53 {
+  std::uint64_t kept;
+  int shift;
+  i128 rest;
+};
+Rounded53 round53(u128 x) {
+  const auto top = static_cast<std::uint64_t>(x >> 64);
+  const int width = top != 0 ? 128 - std::countl_zero(top) : 64 - std::countl_zero(static_cast<std::uint64_t>(x));
+  if (width <= 53) return {static_cast<std::uint64_t>(x), 0, 0};
+  const int shift = width - 53;
+  u128 kept = x >> shift;
+  const u128 dropped = x - (kept << shift);
+  const u128 half = u128{1} << (shift - 1);
+  i128 rest = static_cast<i128>(dropped);
+  if (dropped > half || (dropped == half && (kept & 1))) {
+    ++kept;  // may reach 2^53: still exact in a double
+    rest -= static_cast<i128>(u128{1} << shift);
+  }
+  return {static_cast<std::uint64_t>(kept), shift, rest};
+}
+
 }  // namespace
+
+OddSignificand odd_significand(double x) {
+  const auto bits = std::bit_cast<std::uint64_t>(x);
+  const int field = static_cast<int>((bits >> 52) & 0x7FF);
+  std::uint64_t m = bits & ((std::uint64_t{1} << 52) - 1);
+  int e = -1074;
+  if (field != 0) {
+    m |= std::uint64_t{1} << 52;
+    e = field - 1075;
+  }
+  const int tz = std::countr_zero(m);
+  return {m >> tz, e + tz};
+}
+
+Exact exact_from_fixed(i128 v, int lsb) {
+  const bool negative = v < 0;
+  const u128 magnitude = negative ? -static_cast<u128>(v) : static_cast<u128>(v);
+  const Rounded53 hi = round53(magnitude);
+  const double hi_value = std::ldexp(static_cast<double>(hi.kept), lsb + hi.shift);
+  if (std::isinf(hi_value)) return {negative ? -HUGE_VAL : HUGE_VAL, 0.0, true};
+  double lo_value = 0;
+  if (hi.rest != 0) {
+    const bool rest_negative = hi.rest < 0;
+    const Rounded53 lo = round53(rest_negative ? -static_cast<u128>(hi.rest) : static_cast<u128>(hi.rest));
+    lo_value = std::ldexp(static_cast<double>(lo.kept), lsb + lo.shift);
+    // As ExactSum::value(): an inexact lo on a power of two steps toward the residual
+    // (toward zero where rounding went up in magnitude).
+    if (lo.rest != 0 && std::has_single_bit(lo.kept))
+      lo_value = std::nextafter(lo_value, lo.rest < 0 ? 0.0 : HUGE_VAL);
+    if (rest_negative != negative) lo_value = -lo_value;
+  }
+  return {negative ? -hi_value : hi_value, lo_value};  // a zero lo is +0, as ExactSum's
+}
 
 void ExactSum::add_scaled(std::uint64_t mantissa, int exponent, bool negative) {
   const int offset = exponent - kLow;

@@ -5,11 +5,28 @@
 #pragma once
 
 #include <array>
+#include <bit>
 #include <cstdint>
 
 #include "round.hpp"
 
 namespace emu {
+
+// A finite non-zero double as +-m * 2^e with m odd (m < 2^53).
+struct OddSignificand {
+  std::uint64_t m;
+  int e;  // weight of the lowest set bit
+  int highest() const { return e + static_cast<int>(std::bit_width(m)) - 1; }  // floor(log2 |x|)
+};
+OddSignificand odd_significand(double x);
+
+// The exact value v * 2^lsb of a non-zero 128-bit fixed-point sum as an Exact, the
+// same hi, lo and lo_scale as ExactSum::value() gives for that sum (hi the nearest
+// double, ties to even; lo the nearest double to the residual, stepped one double
+// toward the true residual where an inexact lo lands on a power of two); hi = +-inf
+// with beyond_double where v * 2^lsb rounds beyond double's range. For lsb >= -1022
+// (every residual is then a normal double or zero).
+Exact exact_from_fixed(__int128 v, int lsb);
 
 class ExactSum {
  public:

@@ -83,21 +83,14 @@ const DeviceRow& device_row(UnitKind device) {
   const std::uint64_t kept = shift < 64 ? x.magnitude >> shift : 0;
   const std::uint64_t remainder = shift < 64 ? x.magnitude & ((std::uint64_t{1} << shift) - 1) : x.magnitude;
   const std::uint64_t half = shift < 64 ? std::uint64_t{1} << (shift - 1) : ~std::uint64_t{0};
-  // 3. Whether the magnitude goes up by one unit (emu::round's table, step 3, on the
-  //    magnitude: ru rounds a positive x away from zero, rd a negative one).
-  //      rne  remainder > half, or == half with kept odd     rna  remainder >= half
-  //      rz   never        ru  remainder != 0 and x > 0      rd   remainder != 0 and x < 0
-  //      ro   remainder != 0 and kept even (the result is odd)
-  bool up = false;
-  switch (mode) {
-    case Rounding::rne: up = remainder > half || (remainder == half && (kept & 1) != 0); break;
-    case Rounding::rna: up = remainder >= half; break;
-    case Rounding::rz: break;
-    case Rounding::ru: up = remainder != 0 && !x.negative; break;
-    case Rounding::rd: up = remainder != 0 && x.negative; break;
-    case Rounding::ro: up = remainder != 0 && (kept & 1) == 0; break;
-    case Rounding::sr: break;  // refused by round_fixed_point and the unit's constructor
-  }
+  // 3. Whether the magnitude goes up by one unit: emu::round_up's table (round.hpp) on
+  //    what the remainder discards (sr is refused by round_fixed_point and the unit's
+  //    constructor).
+  const Discarded discarded = remainder == 0  ? Discarded::zero
+                              : remainder < half ? Discarded::below_half
+                              : remainder == half ? Discarded::half
+                                                  : Discarded::above_half;
+  const bool up = round_up(mode, x.negative, (kept & 1) != 0, discarded);
   if (remainder != 0) flags |= exponent < emin ? (INEXACT | UFLO) : INEXACT;
   x.magnitude = kept + (up ? 1 : 0);
   x.lsb = q;
@@ -190,7 +183,9 @@ struct RoundingStep {
 
 // round_fixed per lane: mag * 2^lsb (sign apart; its exponent, floor_log2(mag) + lsb,
 // given) rounded, rne or rz, to the step's fraction bits with exponents floored at its
-// emin; INEXACT and UFLO into flags.
+// emin; INEXACT and UFLO into flags. The rne and rz rows of emu::round_up's table
+// (round.hpp), without a branch per lane: rne goes up when the remainder is above half,
+// or at half with kept odd.
 template <class W, bool kNearest>
 [[gnu::always_inline]] inline void round_lanes(typename W::U& mag, typename W::S& lsb, typename W::S exponent,
                                                const RoundingStep& step, typename W::S& flags) {
@@ -306,7 +301,7 @@ void add_panel_rows(const ColumnAdder& adder, std::size_t m, std::size_t k, std:
                     const std::int32_t* a_sig, const std::int32_t* a_exp, const std::int32_t* panel_sig,
                     const std::int32_t* panel_exp, const char* row_special, const double* C, std::size_t ldc,
                     std::size_t used, const char* col_special, double* result, std::size_t result_stride,
-                    char* slow, Flags& flags_out) {
+                    char* slow, Flags* element_flags) {
   for (std::size_t i = 0; i < m; ++i) {
     if (row_special[i]) {
       std::fill_n(slow + i * result_stride, used, 1);
@@ -337,7 +332,7 @@ void add_panel_rows(const ColumnAdder& adder, std::size_t m, std::size_t k, std:
         slow[at] = 1;
         continue;
       }
-      flags_out |= static_cast<Flags>(lanes.flags[h][lane]);
+      element_flags[at] = static_cast<Flags>(lanes.flags[h][lane]);
       const auto magnitude = static_cast<std::uint64_t>(lanes.mag[h][lane]);
       const double value =
           magnitude == 0 ? 0.0 : static_cast<double>(magnitude) * pow2(static_cast<int>(lanes.lsb[h][lane]));
@@ -618,9 +613,12 @@ double TensorCoreUnit::chain(Context& ctx, std::size_t k, Operands a, Operands b
   return c;
 }
 
-void TensorCoreUnit::commit(Context& ctx, Flags flags) const {
-  // INEXACT and UFLO do not trap; raising them once is the same as raising them per block.
-  if (flags != 0) ctx.raise_flags(flags, "mma", {});
+void TensorCoreUnit::commit(Context& ctx, Flags flags, double result) const {
+  if (flags != 0) ctx.raise_flags(flags, "mma", {}, result);
+}
+
+bool TensorCoreUnit::flags_per_element(const Context& ctx) {
+  return ((ctx.control.counted | ctx.control.traps) & (INEXACT | UFLO)) != 0;
 }
 
 double TensorCoreUnit::special_dot(Context& ctx, std::size_t k, const double* a, std::size_t sa, const double* b,
@@ -658,13 +656,13 @@ double TensorCoreUnit::dot(Context& ctx, std::size_t k, const double* a, std::si
                            std::size_t sb, double c) const {
   Flags flags = 0;
   const double d = dot_gathering(ctx, k, a, sa, b, sb, c, flags);
-  commit(ctx, flags);
+  commit(ctx, flags, d);
   return d;
 }
 
 void TensorCoreUnit::gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
                           std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) const {
-  if (product_shift_ >= 0 && k > 0)
+  if (product_shift_ >= 0 && k > 0 && !flags_per_element(ctx))
     gemm_columns(ctx, m, n, k, A, lda, B, ldb, C, ldc);
   else
     gemm_reference(ctx, m, n, k, A, lda, B, ldb, C, ldc);
@@ -688,14 +686,23 @@ void TensorCoreUnit::gemm_reference(Context& ctx, std::size_t m, std::size_t n, 
     col_special[j] = special;
   }
   const Operands rows{row_value.data(), row_exp.data()}, cols{col_value.data(), col_exp.data()};
+  // Per element where INEXACT or UFLO are counted or trapped, or where a trap may fire
+  // (its report then shows the status of the elements before it).
+  const bool per_element = flags_per_element(ctx) || ctx.control.traps != 0;
   Flags flags = 0;
   for (std::size_t i = 0; i < m; ++i)
     for (std::size_t j = 0; j < n; ++j) {
+      const ElementGuard element(ctx, static_cast<std::int64_t>(i * n + j),
+                                 {static_cast<std::int64_t>(i), static_cast<std::int64_t>(j)});
       double& c = C[i * ldc + j];
       if (row_special[i] || col_special[j] || !std::isfinite(c))
         c = special_dot(ctx, k, A + i * lda, 1, B + j, ldb, c);
       else
         c = chain(ctx, k, rows + i * k, cols + j * k, c, flags);
+      if (per_element) {
+        commit(ctx, flags, c);
+        flags = 0;
+      }
     }
   commit(ctx, flags);
 }
@@ -759,7 +766,7 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
   // to the reference adder, in the final pass.
   std::vector<double> result(m * n);
   std::vector<char> slow(m * n, 0);
-  Flags flags = 0;
+  std::vector<Flags> element_flags(m * n, 0);  // INEXACT and UFLO of the column adder's elements
   // The int32 finish holds sums below 2^30: a block's terms are below 2^(kept + 2) each
   // and c's below 2^(kept + 1).
   const auto block_size = static_cast<std::size_t>(params_.block_size);
@@ -770,7 +777,7 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
   using PanelRows = void (*)(const ColumnAdder&, std::size_t, std::size_t, std::size_t, const std::int32_t*,
                              const std::int32_t*, const std::int32_t*, const std::int32_t*, const char*,
                              const double*, std::size_t, std::size_t, const char*, double*, std::size_t, char*,
-                             Flags&);
+                             Flags*);
   constexpr PanelRows kVariants[] = {
       add_panel_rows<Wide, false, false>,   add_panel_rows<Wide, false, true>,
       add_panel_rows<Wide, true, false>,    add_panel_rows<Wide, true, true>,
@@ -782,13 +789,24 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
     kVariants[variant](adder, m, k, block_size, a_sig.data(), a_exp.data(), b_sig.data() + panel * k * kLanes,
                        b_exp.data() + panel * k * kLanes, row_special.data(), C + j0, ldc,
                        std::min(kLanes, n - j0), col_special.data() + j0, result.data() + j0, n,
-                       slow.data() + j0, flags);
+                       slow.data() + j0, element_flags.data() + j0);
   }
-  // Write C in the reference's order: the elements left to the reference adder may trap.
+  // Write C in the reference's order: the elements left to the reference adder may trap,
+  // with the status the elements before them raised.
+  Flags flags = 0;
   for (std::size_t i = 0; i < m; ++i)
     for (std::size_t j = 0; j < n; ++j) {
       double& c = C[i * ldc + j];
-      c = slow[i * n + j] != 0 ? dot_gathering(ctx, k, A + i * lda, 1, B + j, ldb, c, flags) : result[i * n + j];
+      if (slow[i * n + j] == 0) {
+        c = result[i * n + j];
+        flags |= element_flags[i * n + j];
+        continue;
+      }
+      commit(ctx, flags);
+      flags = 0;
+      const ElementGuard element(ctx, static_cast<std::int64_t>(i * n + j),
+                                 {static_cast<std::int64_t>(i), static_cast<std::int64_t>(j)});
+      c = dot_gathering(ctx, k, A + i * lda, 1, B + j, ldb, c, flags);
     }
   commit(ctx, flags);
 }

@@ -20,7 +20,10 @@
 //     looks only at the integer sum (its bits below the output's last place decide, the
 //     sign for ru and rd): the bits cut at alignment are gone, as in the hardware, and
 //     only raise INEXACT. Native fp8 with fp32 output first truncates the sum to 13
-//     fraction bits (an e8m13 result).
+//     fraction bits (an e8m13 result). UFLO (emu's flag; the hardware has none) is
+//     decided on the exact sum, before rounding, whatever the context's tininess;
+//     overflow and the flush of an output without subnormals go through emu::round
+//     under the context, and so follow its overflow policy and tininess.
 // For K > block_size the blocks are chained in index order: c <- block(a_j, b_j, c), each
 // intermediate rounded into the output format. NaN and infinity follow IEEE 754 over the
 // whole dot product (any NaN, inf - inf or 0 * inf gives NaN with INV; otherwise an
@@ -129,7 +132,9 @@ class TensorCoreUnit final : public MatrixUnit {
   // the adder's terms fit 32-bit integers (every preset's native paths), alignment
   // truncates sign-magnitude and the final rounding is rz or rne, it runs the integer
   // adder across several output columns at once; otherwise, and for elements with NaN,
-  // infinity or overflow, the reference adder per element.
+  // infinity or overflow, the reference adder per element. The context counting or
+  // trapping INEXACT or UFLO takes the reference adder for every element, raising each
+  // element's flags with it.
   void gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
             std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) const override;
   // Volta's instruction on 4x4 tiles (row-major): D = A * B + C.
@@ -156,15 +161,18 @@ class TensorCoreUnit final : public MatrixUnit {
                     std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) const;
   void gemm_reference(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
                       std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) const;
-  // The adder on decoded, contiguous operands. INEXACT and UFLO gather in `flags` (they
-  // never trap) and reach the context once per dot or gemm; OFLO goes straight through
-  // the context (it may trap).
+  // The adder on decoded, contiguous operands. INEXACT and UFLO gather in `flags` and
+  // reach the context once per dot or gemm (per element where the context counts or
+  // traps them: flags_per_element); OFLO goes straight through the context (it may
+  // trap).
   double chain(Context& ctx, std::size_t k, Operands a, Operands b, double c, Flags& flags) const;
   double instruction(Context& ctx, std::size_t k, Operands a, Operands b, double c, Flags& flags) const;
   double block(Context& ctx, std::size_t n, Operands a, Operands b, double c, Flags& flags) const;
   double special_dot(Context& ctx, std::size_t k, const double* a, std::size_t sa, const double* b,
                      std::size_t sb, double c) const;
-  void commit(Context& ctx, Flags flags) const;
+  // Raises the gathered flags; `result` is what the operation delivered (for a report).
+  void commit(Context& ctx, Flags flags, double result = std::numeric_limits<double>::quiet_NaN()) const;
+  static bool flags_per_element(const Context& ctx);
 
   UnitKind kind_;
   Format in_, out_;

@@ -169,20 +169,6 @@ bool rounds_to_min_normal(const Format& f, double ax, double lo, int lo_scale, c
 
 }  // namespace
 
-bool round_up(Rounding mode, bool negative, bool n_odd, Discarded discarded) {
-  if (discarded == Discarded::zero) return false;
-  switch (mode) {
-    case Rounding::rne: return discarded == Discarded::above_half || (discarded == Discarded::half && n_odd);
-    case Rounding::rna: return discarded != Discarded::below_half;
-    case Rounding::rz: return false;
-    case Rounding::ru: return !negative;
-    case Rounding::rd: return negative;
-    case Rounding::ro: return !n_odd;
-    case Rounding::sr: break;
-  }
-  throw std::logic_error("round_up: stochastic rounding is decided from random bits");
-}
-
 double round(const Format& f, const Exact& x, const RoundSpec& spec, Rng* rng, Flags& flags) {
   const double hi = x.hi;
   if (std::isnan(hi)) return hi;

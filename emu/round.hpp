@@ -2,6 +2,8 @@
 // overflow policy. Every arithmetic result in emu goes through round().
 #pragma once
 
+#include <stdexcept>
+
 #include "format.hpp"
 #include "rng.hpp"
 #include "status.hpp"
@@ -47,8 +49,21 @@ struct RoundSpec {
 //   rd          no    if negative if negative if negative
 //   ro          no    if n even   if n even   if n even   (the result is odd)
 // sr is decided from random bits by the caller; passing it is a logic error.
+// (Inline: the tensor-core adder calls it per block.)
 enum class Discarded { zero, below_half, half, above_half };
-bool round_up(Rounding mode, bool negative, bool n_odd, Discarded discarded);
+inline bool round_up(Rounding mode, bool negative, bool n_odd, Discarded discarded) {
+  if (discarded == Discarded::zero) return false;
+  switch (mode) {
+    case Rounding::rne: return discarded == Discarded::above_half || (discarded == Discarded::half && n_odd);
+    case Rounding::rna: return discarded != Discarded::below_half;
+    case Rounding::rz: return false;
+    case Rounding::ru: return !negative;
+    case Rounding::rd: return negative;
+    case Rounding::ro: return !n_odd;
+    case Rounding::sr: break;
+  }
+  throw std::logic_error("round_up: stochastic rounding is decided from random bits");
+}
 
 // Rounds x into f; ORs the raised flags (OFLO, INV, UFLO, INEXACT) into `flags` and
 // returns the result as a double (exactly a value of f). `rng` is read only when

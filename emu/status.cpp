@@ -1,5 +1,6 @@
 #include "status.hpp"
 
+#include <cctype>
 #include <cstdio>
 #include <string>
 
@@ -14,6 +15,14 @@ const char* flag_name(Flag f) {
     case INEXACT: return "INEXACT";
   }
   return "?";
+}
+
+Flag flag_by_name(std::string_view name) {
+  std::string upper(name);
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (Flag f : kAllFlags)
+    if (upper == flag_name(f)) return f;
+  throw std::invalid_argument("unknown flag '" + std::string(name) + "' (known: OFLO DIV0 INV UFLO INEXACT)");
 }
 
 std::vector<std::string> flag_names(Flags flags) {

@@ -25,6 +25,8 @@ using Flags = std::uint8_t;
 inline constexpr Flag kAllFlags[] = {OFLO, DIV0, INV, UFLO, INEXACT};
 
 const char* flag_name(Flag f);
+// "OFLO" ... "INEXACT", in either case ("oflo"); throws std::invalid_argument listing them.
+Flag flag_by_name(std::string_view name);
 // Names of the raised flags in the order OFLO DIV0 INV UFLO INEXACT.
 std::vector<std::string> flag_names(Flags flags);
 

@@ -6,6 +6,7 @@
 #include "amp.hpp"
 #include "exact_sum.hpp"
 #include "mma.hpp"
+#include "sequential.hpp"
 
 namespace emu {
 
@@ -32,9 +33,7 @@ class ReferenceUnit final : public MatrixUnit {
       ExactSum sum;
       sum.add(c);
       for (std::size_t i = 0; i < k; ++i) sum.add_product(a[i * sa], b[i * sb]);
-      const Exact x = sum.value();
-      if (x.hi == 0 && x.lo == 0 && !x.beyond_double) return c;  // exact zero: keep c's zero
-      return ctx.round(out_, x, "dot", {static_cast<double>(k)});
+      return exact_result(ctx, sum.value(), k, c);
     }
     if (fused_) {
       for (std::size_t i = 0; i < k; ++i) c = ctx.fma(out_, a[i * sa], b[i * sb], c);
@@ -44,7 +43,70 @@ class ReferenceUnit final : public MatrixUnit {
     return c;
   }
 
+  // The fast passes of emu/sequential.hpp where they apply, else one dot per element.
+  // Elements are finished in row-major order with their element set (flat i * n + j,
+  // index {i, j}) while they raise flags: those the pass vouches for take its result
+  // and raise its flags (none that the control counts or traps), the others go through
+  // dot(); so results, flags, counts and a trap (with the elements written before it)
+  // are those of dot() element by element.
+  void gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
+            const double* B, std::size_t ldb, double* C, std::size_t ldc) const override {
+    auto element = [&](std::size_t i, std::size_t j) {
+      return ElementGuard(ctx, static_cast<std::int64_t>(i * n + j),
+                          {static_cast<std::int64_t>(i), static_cast<std::int64_t>(j)});
+    };
+    auto by_dot = [&](std::size_t i, std::size_t j) {
+      const ElementGuard guard = element(i, j);
+      return dot(ctx, k, A + i * lda, 1, B + j, ldb, C[i * ldc + j]);
+    };
+    if (kind_ == UnitKind::exact) {
+      ExactPass pass;
+      if (exact_pass(m, n, k, A, lda, B, ldb, C, ldc, pass)) {
+        for (std::size_t i = 0; i < m; ++i)
+          for (std::size_t j = 0; j < n; ++j) {
+            double& c = C[i * ldc + j];
+            if (pass.redo[i * n + j]) {
+              c = by_dot(i, j);
+              continue;
+            }
+            const ElementGuard guard = element(i, j);
+            c = exact_result(ctx, pass.sum[i * n + j], k, c);
+          }
+        return;
+      }
+    } else {
+      SequentialPass pass;
+      if (sequential_pass(ctx, out_, fused_, m, n, k, A, lda, B, ldb, C, ldc, pass)) {
+        const char* op = fused_ ? "fma" : "add";
+        for (std::size_t i = 0; i < m; ++i)
+          for (std::size_t j = 0; j < n; ++j) {
+            const Flags flags = pass.flags[i * n + j];
+            if (flags == SequentialPass::kRedo) {
+              C[i * ldc + j] = by_dot(i, j);
+              continue;
+            }
+            if (flags != 0) ctx.raise_flags(flags, op, {});
+            C[i * ldc + j] = pass.value[i * n + j];
+          }
+        if (pass.raised != 0) ctx.raise_flags(pass.raised, op, {});
+        return;
+      }
+    }
+    for (std::size_t i = 0; i < m; ++i)
+      for (std::size_t j = 0; j < n; ++j) C[i * ldc + j] = by_dot(i, j);
+  }
+
  private:
+  // The exact unit's result from the exact value x of c + sum a_i b_i: x rounded once
+  // into the output format. An exact zero keeps c's zero where c is zero (a zero c
+  // plus zero products), and is otherwise +0 (-0 rounding toward -inf), the sign IEEE
+  // 754 (6.3) gives an exact zero sum of non-zero terms.
+  double exact_result(Context& ctx, const Exact& x, std::size_t k, double c) const {
+    if (x.hi == 0 && x.lo == 0 && !x.beyond_double)
+      return c == 0 ? c : (ctx.control.effective_rounding() == Rounding::rd ? -0.0 : 0.0);
+    return ctx.round(out_, x, "dot", {static_cast<double>(k)});
+  }
+
   UnitKind kind_;
   Format in_, out_;
   bool fused_;
@@ -66,7 +128,11 @@ UnitKind unit_kind_by_name(std::string_view name) {
 void MatrixUnit::gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
                       const double* B, std::size_t ldb, double* C, std::size_t ldc) const {
   for (std::size_t i = 0; i < m; ++i)
-    for (std::size_t j = 0; j < n; ++j) C[i * ldc + j] = dot(ctx, k, A + i * lda, 1, B + j, ldb, C[i * ldc + j]);
+    for (std::size_t j = 0; j < n; ++j) {
+      const ElementGuard element(ctx, static_cast<std::int64_t>(i * n + j),
+                                 {static_cast<std::int64_t>(i), static_cast<std::int64_t>(j)});
+      C[i * ldc + j] = dot(ctx, k, A + i * lda, 1, B + j, ldb, C[i * ldc + j]);
+    }
 }
 
 std::unique_ptr<MatrixUnit> make_unit(UnitKind kind, std::optional<Format> in, std::optional<Format> out) {

@@ -44,7 +44,9 @@ class MatrixUnit {
 
   // C = A * B + C with A m x k (row stride lda), B k x n (row stride ldb), C m x n
   // (row stride ldc), row-major, as the unit computes it (default: one dot per element;
-  // units whose tiling changes the result override it).
+  // units whose tiling changes the result override it). Flags raised for element
+  // (i, j) carry it (Context::element: flat i * n + j, index [i, j]); every unit's
+  // counts equal those of its elements computed one by one in row-major order.
   virtual void gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
                     std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) const;
 };

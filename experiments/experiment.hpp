@@ -155,11 +155,12 @@ struct Registration {
 // experiment that runs emulated arithmetic:
 //   fp_exceptions  off | count | trap (default off)
 //   oflo, div0, inv  which flags count or trap (default true each)
+//   tininess       before (default) | after: when a result counts as tiny (emu/round.hpp)
 //   nanoo          true: an overflow gives NaN and raises INV (the IPU's NaN-on-overflow);
 //                  false (default): the experiment's own overflow policy
 std::vector<ParamSpec> fp_exception_params();
 // The control with the point's exception parameters applied: traps (trap) or counted
-// (count) = the enabled flags; nanoo sets Overflow::nan.
+// (count) = the enabled flags; nanoo sets Overflow::nan; tininess sets FpControl::tininess.
 emu::FpControl with_fp_exceptions(emu::FpControl control, const Params& p);
 
 // Common validators for parameters that name emu things.

@@ -132,6 +132,10 @@ std::vector<ParamSpec> fp_exception_params() {
       bool_param("nanoo", false,
                  "true: an overflow gives NaN and raises INV (the IPU's $FP_CTL.NANOO); false: the "
                  "experiment's own overflow policy"),
+      string_param("tininess", "before",
+                   "when a result counts as tiny (UFLO, and flushing with subnormals off): before rounding "
+                   "(Arm, the default) or after rounding (x86, SoftFloat)",
+                   {"before", "after"}),
   };
 }
 
@@ -146,6 +150,7 @@ emu::FpControl with_fp_exceptions(emu::FpControl control, const Params& p) {
     case emu::ExceptionMode::trap: control.traps |= enabled; break;
   }
   if (p.boolean("nanoo")) control.overflow = emu::Overflow::nan;
+  control.tininess = emu::tininess_by_name(p.string("tininess"));
   return control;
 }
 

@@ -32,6 +32,7 @@ class SweepResult:
     traces:  dict trace -> (x [P, T], y [P, R, T]) float64, NaN-padded
     flags:   dict FLAG -> [P, R] bool (sticky FP status at the end of each run)
     done:    [P] bool: points whose replicas are all written
+    done_replicas: [P, R] bool: runs written (a shard's file holds some runs of a point)
     fp_counts: dict column -> [P, R, K] (first_index [P, R, K, 4], first_operands
              [P, R, K, M]); text columns as str objects; rows with count 0 are unused
     traps:   dict column -> [P, R] (index [P, R, 4], operands [P, R, M]); trapped says
@@ -39,9 +40,10 @@ class SweepResult:
     (fp_counts and traps are empty dicts for files written before they existed)
     """
 
-    def __init__(self, attrs, points, metrics, traces, flags, done, fp_counts=None, traps=None):
+    def __init__(self, attrs, points, metrics, traces, flags, done, done_replicas, fp_counts=None, traps=None):
         self.attrs, self.points, self.metrics = attrs, points, metrics
         self.traces, self.flags, self.done = traces, flags, done
+        self.done_replicas = done_replicas
         self.fp_counts, self.traps = fp_counts or {}, traps or {}
 
     def __repr__(self):
@@ -77,9 +79,14 @@ def read(path):
                 traces[name] = (f["traces"][_plain(dataset.attrs["x"])][...], dataset[...])
         flags = {name: f["flags"][name][...].astype(bool) for name in FLAGS if name in f["flags"]}
         done = f["done"][...].astype(bool)
+        # Files written before /done_replicas existed mark whole points only.
+        replicas = int(attrs.get("replicas", 1))
+        done_replicas = (f["done_replicas"][...].astype(bool) if "done_replicas" in f
+                         else np.repeat(done[:, None], replicas, axis=1))
         tables = {group: {name: _column(dataset) for name, dataset in f[group].items()}
                   for group in ("fp_counts", "traps") if group in f}
-    return SweepResult(attrs, points, metrics, traces, flags, done, tables.get("fp_counts"), tables.get("traps"))
+    return SweepResult(attrs, points, metrics, traces, flags, done, done_replicas, tables.get("fp_counts"),
+                       tables.get("traps"))
 
 
 def _column(dataset):
@@ -90,19 +97,17 @@ def _column(dataset):
 
 
 def table(source):
-    """Tidy table of the finished points: one row per (point, replica), columns point,
+    """Tidy table of the finished runs: one row per (point, replica) written, columns point,
     replica, every parameter, every metric (a metric whose name is taken by a parameter
     gets the prefix "metric_"). `source` is a path or a SweepResult."""
     result = source if isinstance(source, SweepResult) else read(source)
-    n_points = len(result.done)
-    replicas = int(result.attrs.get("replicas", 1))
-    rows = np.repeat(np.flatnonzero(result.done), replicas)  # point index of each row
-    columns = {"point": rows, "replica": np.tile(np.arange(replicas), int(result.done.sum()))}
+    rows, replica = np.nonzero(result.done_replicas)  # row-major: by point, then replica
+    columns = {"point": rows, "replica": replica}
     for name, values in result.points.items():
         columns[name] = values[rows]
     for name, values in result.metrics.items():
         column = name if name not in columns else "metric_" + name
-        columns[column] = values.reshape(n_points * replicas)[rows * replicas + columns["replica"]]
+        columns[column] = values[rows, replica]
     return _frame(columns)
 
 
@@ -139,7 +144,7 @@ def _index_tuples(rows):
 
 def counts_table(source):
     """Tidy table of the counted floating-point exceptions: one row per (point, replica,
-    scope, op, flag) of the finished points, in the order each run first raised them.
+    scope, op, flag) of the finished runs, in the order each run first raised them.
     Columns point, replica, every parameter, scope, op, flag, count, first_element (flat
     index, -1 if none), first_index (tuple, () if unknown), first_operands (tuple),
     first_result. `source` is a path or a SweepResult."""
@@ -149,7 +154,7 @@ def counts_table(source):
     if not c or c["count"].size == 0:
         empty = {name: np.array([], dtype=object) for name in names}
         return _frame(_with_params(result, (np.array([], dtype=np.int64), np.array([], dtype=np.int64)), empty))
-    count = c["count"] * result.done[:, None, None]
+    count = c["count"] * result.done_replicas[:, :, None]
     point, replica, row = np.nonzero(count)  # row-major: by point, replica, then order first raised
     columns = {name: c[name][point, replica, row] for name in ("scope", "op", "flag", "count", "first_element")}
     columns["first_index"] = _index_tuples(c["first_index"][point, replica, row])
@@ -160,7 +165,7 @@ def counts_table(source):
 
 def traps_table(source):
     """Tidy table of the runs that ended in a trap (fp_exceptions: trap): one row per
-    trapped run of the finished points, by point then replica. Columns point, replica,
+    trapped run of the finished runs, by point then replica. Columns point, replica,
     every parameter, flag, scope, op, element (flat index, -1 if none), index (tuple),
     operands (tuple), result (the would-be result), fp_sts and report (one line of text).
     `source` is a path or a SweepResult."""
@@ -170,7 +175,7 @@ def traps_table(source):
     if not t:
         empty = {name: np.array([], dtype=object) for name in names}
         return _frame(_with_params(result, (np.array([], dtype=np.int64), np.array([], dtype=np.int64)), empty))
-    point, replica = np.nonzero(t["trapped"] * result.done[:, None])
+    point, replica = np.nonzero(t["trapped"] * result.done_replicas)
     columns = {name: t[name][point, replica] for name in ("flag", "scope", "op", "element", "result", "fp_sts", "report")}
     columns["index"] = _index_tuples(t["index"][point, replica])
     columns["operands"] = _tuples(t["operands"][point, replica], t["n_operands"][point, replica])
@@ -204,8 +209,10 @@ def main(argv):
     except (OSError, KeyError) as error:
         print("roundoff_h5.py: %s: not a readable sweep output (%s)" % (files[0], error), file=sys.stderr)
         return 2
-    print("# %s: %d points x %d replicas, %s" % (result.attrs.get("experiment"), len(result.done),
-                                                 result.attrs.get("replicas", 0), result.attrs.get("status")))
+    shard = ("shard %d/%d, " % (result.attrs["shard_index"], result.attrs["shard_count"])
+             if "shard_index" in result.attrs else "")
+    print("# %s: %d points x %d replicas, %s%s" % (result.attrs.get("experiment"), len(result.done),
+                                                   result.attrs.get("replicas", 0), shard, result.attrs.get("status")))
     tidy = TABLES[which[0] if which else ""](result)
     print(tidy.to_string(index=False) if hasattr(tidy, "to_string") else format_table(tidy))
     return 0

@@ -55,10 +55,15 @@ Numbers: decimal (read exactly, rounded once), hex-float (0x1.8p-3), inf, nan.
 
 Output, one line per result. --json: one JSON object per line with "value" (a number
 that reads back to the same double; "inf", "-inf", "nan" as strings), "bits" (hex, the
-format's width), "flags" (from OFLO DIV0 INV UFLO INEXACT). Without --json the value
+format's width), "flags" (from OFLO DIV0 INV UFLO INEXACT); round and eval add
+"raised_by", per flag the first operation that raised it. Without --json the value
 is printed as the shortest decimal that rounds (rne) back to the same format value,
 e.g. 0.0004883 for fp16's 0.00048828125, then [the value as a double], bits and flags.
-Exit status: 0 success, 1 internal error (a bug), 2 bad input.
+round and eval take --trap oflo,div0,inv (any of OFLO DIV0 INV UFLO INEXACT): the
+first enabled exception stops the run and its trap report is printed.
+Exit status: 0 success, 1 internal error (a bug), 2 bad input, 3 an enabled
+floating-point exception trapped (--trap; the trap report is the output, not an
+error in the input).
 )HELP";
 
 const char* const kInfoHelp = R"HELP(usage: emu info FORMAT [--subnormals on|off] [--json]
@@ -73,7 +78,8 @@ For people, powers of two also show as such: unit_roundoff 0.00048828125 (2^-11)
 )HELP";
 
 const char* const kRoundHelp = R"HELP(usage: emu round [VALUE... | -] --format F [--rounding R] [--seed S] [--sr-bits K]
-                 [--subnormals on|off] [--overflow inf|saturate|nan] [--rng philox|ipu] [--json]
+                 [--subnormals on|off] [--overflow inf|saturate|nan] [--rng philox|ipu]
+                 [--tininess before|after] [--trap FLAGS] [--json]
 
 Rounds each VALUE once into F and prints, per value, the result, its bit pattern and
 the flags that rounding raised (each value's own flags). "-" reads one value per line
@@ -93,17 +99,32 @@ from standard input (blank lines are skipped; errors name the line). Values: dec
   --rng        source of random bits: philox (default) or ipu (xoroshiro128aox)
   --overflow   inf (IEEE, default; fp8-e4m3 has no inf: NaN of the value's sign),
                saturate (to +-max), nan (the IPU's NANOO: positive NaN, OFLO and INV)
-  --subnormals off flushes results below the normal range to signed zero (UFLO and
-               INEXACT). Tininess is decided before rounding, as Arm's flush-to-zero
-               (FPCR.FZ) does: a value just below min normal that would round up to
-               min normal flushes to zero too.
+  --subnormals off flushes tiny results to signed zero (UFLO and INEXACT).
+  --tininess   when a result is tiny (IEEE 754 7.5 allows both):
+               before (default): before rounding, |x| < min normal, as Arm does;
+               after: after rounding, when x rounded to the format's precision with
+               an unbounded exponent is below min normal, as x86 and SoftFloat do.
+               They differ only for x just below min normal that rounds up to it.
+               With subnormals on that x gives min normal either way and only UFLO
+               differs: raised before, not after. With --subnormals off it is also
+               what flushes: before flushes it to zero (Arm's FPCR.FZ), after gives
+               min normal with INEXACT only (x86's FTZ).
+  --trap       comma-separated flags (oflo,div0,inv; also uflo, inexact; any case):
+               the first value whose rounding raises one stops the run; its trap
+               report is printed and emu exits with status 3.
 Infinities in fp8-e4m3 (no inf) become NaN of their sign with INV; finite overflow
 raises OFLO and INEXACT.
-JSON fields: input, format, rounding, value, bits, flags.
+JSON fields: input, format, rounding, value, bits, flags, raised_by (per flag its
+operation: {"OFLO": {"op": "round", "operands": [70000]}}).
+Trap report (--trap, exit 3), one object: input, format, rounding, trap (the flag),
+op ("round"), scope ("" here), element (null here), operands, result (the would-be
+result under --overflow), bits (of that result), fp_sts (the IPU's $FP_STS as an
+integer: bit 0 INV, bit 1 DIV0, bit 2 OFLO), flags (the sticky flags).
 )HELP";
 
 const char* const kEvalHelp = R"HELP(usage: emu eval "EXPR"... --format F [--rounding R] [--seed S] [--sr-bits K]
-                 [--subnormals on|off] [--overflow inf|saturate|nan] [--rng philox|ipu] [--json]
+                 [--subnormals on|off] [--overflow inf|saturate|nan] [--rng philox|ipu]
+                 [--tininess before|after] [--trap FLAGS] [--json]
 
 Evaluates each EXPR in F: + - * / with * and / before + and -, left-associative,
 parentheses, unary minus. Every literal is rounded once into F first, then every
@@ -112,12 +133,20 @@ whole evaluation. A sign written directly before a number where an operand is
 expected belongs to the literal ("-0.1" is rounded as -0.1; "-(0.1)" negates the
 rounded 0.1; only ru and rd can tell the difference). Options as for emu round.
   emu eval "0.0004 + 0.25 - 0.25" --format fp16 --json
-  {"input": "0.0004 + 0.25 - 0.25", "format": "fp16", "rounding": "rne", "value": 0.00048828125, "bits": "0x1000", "flags": ["INEXACT"]}
+  {"input": "0.0004 + 0.25 - 0.25", "format": "fp16", "rounding": "rne", "value": 0.00048828125, "bits": "0x1000", "flags": ["INEXACT"], "raised_by": {"INEXACT": {"op": "round", "column": 1, "operands": [0.0004]}}}
+raised_by names, per flag, the first operation that raised it: the operator as
+written (+ - * /) or "round" (a literal rounded into F), its 1-based column in EXPR
+and its operands (values of F; for a literal its nearest double). Without --json the
+line ends with the same, e.g. (first raised by: OFLO INEXACT 300 * 300 at column 5).
+--trap FLAGS stops at the first operation that raises an enabled flag and prints the
+trap report (fields as for emu round, with the operator as op and its column),
+exit status 3. Earlier expressions' results are printed before it.
 A syntax error names the column (1-based).
 )HELP";
 
 const char* const kDotHelp = R"HELP(usage: emu dot --unit UNIT --a V1,V2,... --b V1,V2,... [--c C] [--in FMT] [--out FMT]
-               [--rounding R] [--seed S] [--sr-bits K] [--overflow P] [--rng G] [--json]
+               [--rounding R] [--seed S] [--sr-bits K] [--overflow P] [--rng G]
+               [--tininess before|after] [--json]
 
 Prints c + sum a_i*b_i as UNIT computes it: value, bits (in the output format), flags
 (raised by the unit's computation). The a_i and b_i are first rounded into the input
@@ -126,13 +155,16 @@ reported apart, as "input_flags". --in and --out default to the unit's own forma
 Units: v100 t4 a100 ada l40s h100 h200 b200 (tensor cores), ipu-amp, ipu-amp-half,
 exact (rounded once), fp32-seq, fp16-seq (sequential fused multiply-add).
 --rounding and the other rounding options set the context; units with a fixed
-rounding (tensor cores) ignore it.
+rounding (tensor cores) ignore it. --tininess (see emu round --help) applies to the
+roundings under the context and to the rounding of the inputs (the tensor cores'
+adder decides its own UFLO before rounding).
 JSON fields: unit, in, out, format (the output format, that of value and bits),
 rounding, value, bits, flags, input_flags.
 )HELP";
 
 const char* const kGemmHelp = R"HELP(usage: emu gemm --unit UNIT A.txt B.txt [C.txt] [--in FMT] [--out FMT]
-                [--rounding R] [--seed S] [--sr-bits K] [--overflow P] [--rng G] [--json]
+                [--rounding R] [--seed S] [--sr-bits K] [--overflow P] [--rng G]
+                [--tininess before|after] [--json]
 
 Computes A*B + C through UNIT (see emu dot --help). Matrix files: one row per line,
 numbers separated by white space; blank lines and lines starting with # are skipped.
@@ -171,6 +203,88 @@ std::string result_json(const Format& f, double value, Flags flags) {
   return "\"value\": " + json_number(value) + ", \"bits\": " + json_string(hex_bits(f, f.encode(value))) +
          ", \"flags\": " + flags_json(flags);
 }
+
+// ---- provenance: which operation raised a flag first, and trap reports -------------
+
+std::string numbers_json(const std::vector<double>& values) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < values.size(); ++i) s += (i ? ", " : "") + json_number(values[i]);
+  return s + "]";
+}
+
+// The contract's raised_by: {"OFLO": {"op": "*", "column": 7, "operands": [300, 300]}}
+// (no column for emu round, whose one operation is the rounding of its input).
+std::string raised_by_json(const RaisedBy& raised_by) {
+  std::string s = "{";
+  for (Flag flag : kAllFlags) {
+    const Operation* o = raised_by.first(flag);
+    if (o == nullptr) continue;
+    s += (s.size() > 1 ? ", " : "") + json_string(flag_name(flag)) + ": {\"op\": " + json_string(o->op);
+    if (o->column > 0) s += ", \"column\": " + std::to_string(o->column);
+    s += ", \"operands\": " + numbers_json(o->operands) + "}";
+  }
+  return s + "}";
+}
+
+// An operation for people: "300 * 300 at column 7", "round(0.1) at column 1". Operands
+// of operators are values of f; a rounding shows its input as written.
+std::string operation_text(const Format& f, const Operation& o) {
+  std::string text;
+  if (o.op == "round") {
+    text = "round(" + o.text + ")";
+  } else {
+    for (std::size_t i = 0; i < o.operands.size(); ++i)
+      text += (i ? " " + o.op + " " : std::string()) + shortest_decimal(f, o.operands[i]);
+  }
+  if (o.column > 0) text += " at column " + std::to_string(o.column);
+  return text;
+}
+
+// " (first raised by: INEXACT round(0.1) at column 1; OFLO 60000 * 2 at column 9)",
+// flags raised first by the same operation together; "" without flags.
+std::string raised_by_text(const Format& f, const RaisedBy& raised_by) {
+  std::vector<std::pair<std::string, std::string>> groups;  // (flags, operation)
+  for (Flag flag : kAllFlags) {
+    const Operation* o = raised_by.first(flag);
+    if (o == nullptr) continue;
+    const std::string text = operation_text(f, *o);
+    if (!groups.empty() && groups.back().second == text)
+      groups.back().first += std::string(" ") + flag_name(flag);
+    else
+      groups.emplace_back(flag_name(flag), text);
+  }
+  if (groups.empty()) return "";
+  std::string s = " (first raised by: ";
+  for (std::size_t i = 0; i < groups.size(); ++i)
+    s += (i ? "; " : "") + groups[i].first + " " + groups[i].second;
+  return s + ")";
+}
+
+// The trap report of `emu round` and `emu eval` (exit status 3): the trapping flag, the
+// operation as written, its operands, the would-be result under the overflow policy,
+// $FP_STS and the sticky flags. The CLI's operations are scalar: no scope, no element.
+std::string trap_json(const std::string& input, const Format& f, const std::string& rounding,
+                      const TrapReport& report, const Operation& o) {
+  std::string s = "{\"input\": " + json_string(input) + ", \"format\": " + json_string(f.name()) +
+                  ", \"rounding\": " + json_string(rounding) + ", \"trap\": " + json_string(flag_name(report.flag)) +
+                  ", \"op\": " + json_string(o.op);
+  if (o.column > 0) s += ", \"column\": " + std::to_string(o.column);
+  s += ", \"scope\": " + json_string(report.scope) + ", \"element\": null, \"operands\": " + numbers_json(o.operands) +
+       ", \"result\": " + json_number(report.result) + ", \"bits\": " + json_string(hex_bits(f, f.encode(report.result))) +
+       ", \"fp_sts\": " + std::to_string(report.fp_sts()) + ", \"flags\": " + flags_json(report.status) + "}";
+  return s;
+}
+
+std::string trap_text(const std::string& input, const Format& f, const TrapReport& report, const Operation& o) {
+  char fp_sts[16];
+  std::snprintf(fp_sts, sizeof fp_sts, "0x%x", report.fp_sts());
+  return input + " trapped: " + flag_name(report.flag) + " in " + operation_text(f, o) + ", would give " +
+         shortest_decimal(f, report.result) + " bits " + hex_bits(f, f.encode(report.result)) + "; $FP_STS " + fp_sts +
+         " (" + flags_text(report.status & (OFLO | DIV0 | INV)) + "); flags " + flags_text(report.status);
+}
+
+// Exit status: an enabled floating-point exception trapped (CONTRACT.md).
+constexpr int kTrapped = 3;
 
 std::string trimmed(std::string_view s) {
   const auto first = s.find_first_not_of(" \t\r");
@@ -273,7 +387,8 @@ void read_stdin_values(std::vector<Input>& inputs) {
 }
 
 int round_values(const std::vector<std::string>& args, Output& out) {
-  const auto o = parse_options("round", args, with(rounding_options(), {{"--format", true}, {"--subnormals", true}}));
+  const auto o = parse_options("round", args,
+                               with(rounding_options(), {{"--format", true}, {"--subnormals", true}, {"--trap", true}}));
   const Format f = format_option(o);
   Context ctx = context_from(o);
   const std::string rounding = rounding_from(o);
@@ -295,19 +410,32 @@ int round_values(const std::vector<std::string>& args, Output& out) {
   if (o.positionals.empty()) throw UsageError("emu round: no values (give VALUE... or - to read standard input)");
   const bool json = o.has("--json");
   const std::string fixed = ", \"format\": " + json_string(f.name()) + ", \"rounding\": " + json_string(rounding) + ", ";
+  RaisedBy raised_by;
   for (const auto& in : inputs) {
     ctx.clear_status();
-    const double v = ctx.round(f, in.value, "round", {in.value.hi});
+    const Operation rounding_op{"round", 0, {in.value.hi}, in.text};
+    double v;
+    try {
+      v = ctx.round(f, in.value, "round", {in.value.hi});
+    } catch (const FpException& e) {
+      out.line(json ? trap_json(in.text, f, rounding, e.report(), rounding_op)
+                    : trap_text(in.text, f, e.report(), rounding_op));
+      return kTrapped;
+    }
+    raised_by.clear();
+    raised_by.note(ctx.status(), rounding_op);
     if (json)
-      out.line("{\"input\": " + json_string(in.text) + fixed + result_json(f, v, ctx.status()) + "}");
+      out.line("{\"input\": " + json_string(in.text) + fixed + result_json(f, v, ctx.status()) +
+               ", \"raised_by\": " + raised_by_json(raised_by) + "}");
     else
-      out.line(in.text + " -> " + result_text(f, v, ctx.status()));
+      out.line(in.text + " -> " + result_text(f, v, ctx.status()) + raised_by_text(f, raised_by));
   }
   return 0;
 }
 
 int eval(const std::vector<std::string>& args, Output& out) {
-  const auto o = parse_options("eval", args, with(rounding_options(), {{"--format", true}, {"--subnormals", true}}));
+  const auto o = parse_options("eval", args,
+                               with(rounding_options(), {{"--format", true}, {"--subnormals", true}, {"--trap", true}}));
   const Format f = format_option(o);
   Context ctx = context_from(o);
   const std::string rounding = rounding_from(o);
@@ -321,15 +449,25 @@ int eval(const std::vector<std::string>& args, Output& out) {
     }
   }
   const bool json = o.has("--json");
+  RaisedBy raised_by;
   for (std::size_t i = 0; i < expressions.size(); ++i) {
     ctx.clear_status();
-    const double v = evaluate(*expressions[i], f, ctx);
+    raised_by.clear();
     const std::string& text = o.positionals[i];
+    double v;
+    try {
+      v = evaluate(*expressions[i], f, ctx, raised_by);
+    } catch (const ExpressionTrap& trap) {
+      out.line(json ? trap_json(text, f, rounding, trap.report, trap.operation)
+                    : trap_text(text, f, trap.report, trap.operation));
+      return kTrapped;
+    }
     if (json)
       out.line("{\"input\": " + json_string(text) + ", \"format\": " + json_string(f.name()) +
-               ", \"rounding\": " + json_string(rounding) + ", " + result_json(f, v, ctx.status()) + "}");
+               ", \"rounding\": " + json_string(rounding) + ", " + result_json(f, v, ctx.status()) +
+               ", \"raised_by\": " + raised_by_json(raised_by) + "}");
     else
-      out.line(text + " = " + result_text(f, v, ctx.status()));
+      out.line(text + " = " + result_text(f, v, ctx.status()) + raised_by_text(f, raised_by));
   }
   return 0;
 }
@@ -366,9 +504,12 @@ UnitSetup unit_from(const ParsedOptions& o, std::string_view command) {
   return s;
 }
 
-// Rounds x into f with rne (how inputs enter a unit), collecting the flags.
-double convert_input(const Format& f, const Exact& x, Flags& flags) {
-  return emu::round(f, x, RoundSpec{}, nullptr, flags);
+// Rounds x into f with rne (how inputs enter a unit), collecting the flags; tininess as
+// the context says.
+double convert_input(const Format& f, const Exact& x, const Context& ctx, Flags& flags) {
+  RoundSpec spec;
+  spec.tininess = ctx.control.tininess;
+  return emu::round(f, x, spec, nullptr, flags);
 }
 
 std::vector<Exact> number_list(std::string_view option, const std::string& text) {
@@ -416,9 +557,9 @@ int dot(const std::vector<std::string>& args, Output& out) {
   const Format& out_format = setup.unit->output_format();
   Flags input_flags = 0;
   std::vector<double> a, b;
-  for (const auto& x : a_exact) a.push_back(convert_input(in, x, input_flags));
-  for (const auto& x : b_exact) b.push_back(convert_input(in, x, input_flags));
-  const double c = convert_input(out_format, c_exact, input_flags);
+  for (const auto& x : a_exact) a.push_back(convert_input(in, x, ctx, input_flags));
+  for (const auto& x : b_exact) b.push_back(convert_input(in, x, ctx, input_flags));
+  const double c = convert_input(out_format, c_exact, ctx, input_flags);
   const double v = setup.unit->dot(ctx, a.size(), a.data(), 1, b.data(), 1, c);
   if (o.has("--json"))
     out.line("{" + setup.fixed_json + ", " + result_json(out_format, v, ctx.status()) +
@@ -509,11 +650,11 @@ int gemm(const std::vector<std::string>& args, Output& out) {
   std::vector<double> a(m * k), b(k * n), c(m * n, 0.0);
   std::vector<Flags> a_row_flags(m, 0), b_col_flags(n, 0), c_flags(m * n, 0);
   for (std::size_t i = 0; i < m; ++i)
-    for (std::size_t p = 0; p < k; ++p) a[i * k + p] = convert_input(in, A.values[i * k + p], a_row_flags[i]);
+    for (std::size_t p = 0; p < k; ++p) a[i * k + p] = convert_input(in, A.values[i * k + p], ctx, a_row_flags[i]);
   for (std::size_t p = 0; p < k; ++p)
-    for (std::size_t j = 0; j < n; ++j) b[p * n + j] = convert_input(in, B.values[p * n + j], b_col_flags[j]);
+    for (std::size_t j = 0; j < n; ++j) b[p * n + j] = convert_input(in, B.values[p * n + j], ctx, b_col_flags[j]);
   if (C)
-    for (std::size_t e = 0; e < m * n; ++e) c[e] = convert_input(out_format, C->values[e], c_flags[e]);
+    for (std::size_t e = 0; e < m * n; ++e) c[e] = convert_input(out_format, C->values[e], ctx, c_flags[e]);
 
   const bool json = o.has("--json");
   Flags all_flags = 0, all_input_flags = 0;

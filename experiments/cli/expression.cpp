@@ -150,23 +150,56 @@ class Parser {
 
 std::unique_ptr<Expression> parse_expression(std::string_view text) { return Parser(text).parse(); }
 
-double evaluate(const Expression& e, const Format& f, Context& ctx) {
+void RaisedBy::note(Flags raised, const Operation& operation) {
+  for (std::size_t i = 0; i < first_.size(); ++i)
+    if ((raised & kAllFlags[i]) && !first_[i]) first_[i] = operation;
+}
+
+const Operation* RaisedBy::first(Flag f) const {
+  for (std::size_t i = 0; i < first_.size(); ++i)
+    if (kAllFlags[i] == f && first_[i]) return &*first_[i];
+  return nullptr;
+}
+
+namespace {
+
+// Runs one operation of the evaluation: notes the flags it raised first, turns a trap
+// into an ExpressionTrap naming it as written.
+template <typename Run>
+double operation(Context& ctx, RaisedBy& raised_by, Operation written, Run run) {
+  const Flags before = ctx.status();
+  double r;
+  try {
+    r = run();
+  } catch (const FpException& e) {
+    throw ExpressionTrap(e.report(), std::move(written));
+  }
+  // The sticky status shows a flag as new only the first time it is raised; later
+  // raises of it change nothing here, which is what "first" asks for.
+  if (const Flags raised = ctx.status() & ~before) raised_by.note(raised, written);
+  return r;
+}
+
+}  // namespace
+
+double evaluate(const Expression& e, const Format& f, Context& ctx, RaisedBy& raised_by) {
   using Kind = Expression::Kind;
   switch (e.kind) {
     case Kind::literal:
-      return ctx.round(f, e.literal, "literal", {e.literal.hi});
+      return operation(ctx, raised_by, {"round", e.column, {e.literal.hi}, e.text},
+                       [&] { return ctx.round(f, e.literal, "literal", {e.literal.hi}); });
     case Kind::negate:
-      return -evaluate(*e.left, f, ctx);
+      return -evaluate(*e.left, f, ctx, raised_by);
     default:
       break;
   }
-  const double a = evaluate(*e.left, f, ctx);  // left operand first: left to right
-  const double b = evaluate(*e.right, f, ctx);
+  const double a = evaluate(*e.left, f, ctx, raised_by);  // left operand first: left to right
+  const double b = evaluate(*e.right, f, ctx, raised_by);
   switch (e.kind) {
-    case Kind::add: return ctx.add(f, a, b);
-    case Kind::sub: return ctx.sub(f, a, b);
-    case Kind::mul: return ctx.mul(f, a, b);
-    case Kind::div: return ctx.div(f, a, b);
+    case Kind::add: return operation(ctx, raised_by, {"+", e.column, {a, b}, {}}, [&] { return ctx.add(f, a, b); });
+    case Kind::sub: return operation(ctx, raised_by, {"-", e.column, {a, b}, {}}, [&] { return ctx.sub(f, a, b); });
+    case Kind::mul: return operation(ctx, raised_by, {"*", e.column, {a, b}, {}}, [&] { return ctx.mul(f, a, b); });
+    case Kind::div: return operation(ctx, raised_by, {"/", e.column, {a, b}, {}}, [&] { return ctx.div(f, a, b); });
     default: throw std::logic_error("evaluate: unknown expression kind");
   }
 }

@@ -4,10 +4,14 @@
 // operation into one format through an emu::Context.
 #pragma once
 
+#include <array>
+#include <iterator>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "emu/arith.hpp"
 #include "emu/format.hpp"
@@ -41,9 +45,45 @@ struct Expression {
 // Throws SyntaxError naming the column.
 std::unique_ptr<Expression> parse_expression(std::string_view text);
 
+// An operation of an evaluation as the user wrote it: the operator ("+", "-", "*",
+// "/"), or "round" for a literal rounded into the format; its 1-based column in the
+// expression; its operands (values of the format; a literal's nearest double).
+struct Operation {
+  std::string op;
+  int column = 0;  // 0: no expression (emu round)
+  std::vector<double> operands;
+  std::string text;  // "round": the literal or input as written, for people
+};
+
+// Per flag, the first operation that raised it (in evaluation order).
+class RaisedBy {
+ public:
+  // Records `operation` for the flags in `raised` that have none yet.
+  void note(Flags raised, const Operation& operation);
+  const Operation* first(Flag f) const;
+  void clear() { first_ = {}; }
+
+ private:
+  std::array<std::optional<Operation>, std::size(kAllFlags)> first_;
+};
+
+// Thrown by evaluate when the context traps: the context's report and the operation
+// as written.
+class ExpressionTrap : public std::runtime_error {
+ public:
+  ExpressionTrap(TrapReport report, Operation operation)
+      : std::runtime_error(std::string("trap ") + flag_name(report.flag) + " at column " +
+                           std::to_string(operation.column)),
+        report(std::move(report)), operation(std::move(operation)) {}
+  TrapReport report;
+  Operation operation;
+};
+
 // Evaluates e in format f under ctx: each literal is rounded into f (ctx.round), each
-// operation is ctx.add/sub/mul/div into f; the flags collect in ctx.status().
-double evaluate(const Expression& e, const Format& f, Context& ctx);
+// operation is ctx.add/sub/mul/div into f; the flags collect in ctx.status() and, per
+// flag, the first operation that raised it in `raised_by`. A trap of the context is
+// rethrown as ExpressionTrap.
+double evaluate(const Expression& e, const Format& f, Context& ctx, RaisedBy& raised_by);
 
 // The tree written back with full parentheses, e.g. "((1 + 2) * -3)", for tests.
 std::string to_string(const Expression& e);

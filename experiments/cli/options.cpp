@@ -95,6 +95,23 @@ Format format_option(const ParsedOptions& o, std::string_view option) {
 
 std::string rounding_from(const ParsedOptions& o) { return o.get("--rounding").value_or("rne"); }
 
+Flags trap_flags(const std::string& list) {
+  Flags flags = 0;
+  std::size_t start = 0;
+  while (true) {
+    const auto comma = list.find(',', start);
+    const std::string name = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    try {
+      flags |= flag_by_name(name);
+    } catch (const std::invalid_argument&) {
+      throw UsageError("--trap: unknown flag '" + name + "' in '" + list +
+                       "' (a comma-separated list of oflo div0 inv uflo inexact)");
+    }
+    if (comma == std::string::npos) return flags;
+    start = comma + 1;
+  }
+}
+
 Context context_from(const ParsedOptions& o) {
   FpControl control;
   try {
@@ -110,6 +127,14 @@ Context context_from(const ParsedOptions& o) {
     }
   }
   if (const auto v = o.get("--sr-bits")) control.sr_bits = static_cast<int>(integer_option("--sr-bits", *v, 0, 64));
+  if (const auto v = o.get("--tininess")) {
+    try {
+      control.tininess = tininess_by_name(*v);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("--tininess: ") + e.what());
+    }
+  }
+  if (const auto v = o.get("--trap")) control.traps = trap_flags(*v);
   RngKind kind = RngKind::philox;
   if (const auto v = o.get("--rng")) {
     try {
@@ -130,8 +155,8 @@ Context context_from(const ParsedOptions& o) {
 }
 
 std::vector<OptionSpec> rounding_options() {
-  return {{"--rounding", true}, {"--seed", true}, {"--sr-bits", true}, {"--overflow", true},
-          {"--rng", true},      {"--json", false}, {"--help", false}};
+  return {{"--rounding", true}, {"--seed", true},     {"--sr-bits", true}, {"--overflow", true},
+          {"--rng", true},      {"--tininess", true}, {"--json", false},   {"--help", false}};
 }
 
 }  // namespace emu::cli

@@ -43,15 +43,17 @@ ParsedOptions parse_options(std::string_view command, const std::vector<std::str
 Format format_option(const ParsedOptions& o, std::string_view option = "--format");
 // A format named by an option value, as UsageError when unknown (listing the known ones).
 Format format_named(std::string_view option, const std::string& name);
-// --rounding --seed --sr-bits --overflow --rng as an emu::Context. --rng philox: the
-// stream (seed S, point 0, replica 0, lane 0), S up to 2^64 - 1; --rng ipu: the
-// xoroshiro128aox state that the IPU's $PRNG_SEED expansion of S (0..2^32 - 1) gives.
-// Without --seed, S = 0.
+// --rounding --seed --sr-bits --overflow --rng --tininess (and --trap where the
+// subcommand takes it) as an emu::Context. --rng philox: the stream (seed S, point 0,
+// replica 0, lane 0), S up to 2^64 - 1; --rng ipu: the xoroshiro128aox state that the
+// IPU's $PRNG_SEED expansion of S (0..2^32 - 1) gives. Without --seed, S = 0.
 Context context_from(const ParsedOptions& o);
 // The rounding mode's name as given (default rne).
 std::string rounding_from(const ParsedOptions& o);
+// --trap's comma-separated flag names (oflo,div0,inv; also uflo, inexact; any case).
+Flags trap_flags(const std::string& list);
 
-// The options every rounding subcommand takes.
+// The options every rounding subcommand takes (--tininess among them).
 std::vector<OptionSpec> rounding_options();
 
 }  // namespace emu::cli

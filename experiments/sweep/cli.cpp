@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <optional>
@@ -17,8 +16,11 @@
 #include "config.hpp"
 #include "emu/status.hpp"
 #include "h5file.hpp"
+#include "merge.hpp"
 #include "runner.hpp"
 #include "sha256.hpp"
+#include "shard.hpp"
+#include "signals.hpp"
 
 namespace roundoff::sweep {
 namespace {
@@ -26,16 +28,21 @@ namespace {
 constexpr int kExitOk = 0, kExitBug = 1, kExitBadInput = 2, kExitInterrupted = 130;
 
 const char* const kUsage =
-    "usage: sweep CONFIG.yaml [-o OUT.h5] [-j N] [--force | --resume] [--dry-run] [--quiet]\n"
+    "usage: sweep CONFIG.yaml [-o OUT.h5] [-j N] [--shard K/N | --shard auto] [--force | --resume] [--dry-run] [--quiet]\n"
+    "       sweep merge OUT.h5 SHARD.h5... [--force] [--quiet]\n"
     "       sweep --list\n"
     "       sweep --describe EXPERIMENT\n"
     "\n"
     "Runs every grid point x replica of a YAML config in parallel and writes one HDF5 file\n"
-    "(schema: results/README.md; config keys: configs/README.md).\n"
+    "(schema: results/README.md; config keys: configs/README.md). Under mpirun (a build\n"
+    "with -Dmpi=enabled), rank 0 hands the runs out to every rank and writes the file.\n"
     "\n"
     "  -o, --output OUT   write OUT instead of the config's output (relative to the cwd;\n"
     "                     a name starting with '-' is written ./-name)\n"
-    "  -j, --jobs N       use N threads (default: all cores)\n"
+    "  -j, --jobs N       use N threads (default: all cores; per rank under mpirun)\n"
+    "  --shard K/N        run only shard K of N (0 <= K < N) of the runs and write a shard\n"
+    "                     file (default OUTPUT.shard-K-of-N.h5); 'auto': K and N from the\n"
+    "                     Slurm job array (SLURM_ARRAY_TASK_ID, SLURM_ARRAY_TASK_COUNT)\n"
     "  --force            replace an existing output (never one another process has open for writing)\n"
     "  --resume           continue a partial output of the same config\n"
     "  --dry-run          validate, print the grid size and output path, compute nothing\n"
@@ -43,12 +50,17 @@ const char* const kUsage =
     "  --list             list the experiments\n"
     "  --describe NAME    an experiment's parameters, metrics and traces\n"
     "\n"
+    "sweep merge checks that the shard files come from one config and one build and hold\n"
+    "every run exactly once, then writes OUT, identical to a single-machine run.\n"
+    "\n"
     "Exit status: 0 ok, 1 internal error (a bug), 2 bad input, 130 interrupted (finished\n"
-    "points are saved; continue with --resume). A run that fp_exceptions: trap stops is\n"
-    "recorded in the file (/traps), not an error.\n";
+    "points are saved; continue with --resume). Status 3 (an enabled floating-point\n"
+    "exception trapped) is emu's, never sweep's: a trap inside a run (fp_exceptions: trap)\n"
+    "is that run's recorded outcome (NaN metrics, the report in /traps), and the sweep\n"
+    "goes on.\n";
 
 struct Arguments {
-  std::optional<std::string> config, output, describe;
+  std::optional<std::string> config, output, describe, shard;
   int jobs = 0;
   bool force = false, resume = false, dry_run = false, quiet = false, list = false, help = false;
 };
@@ -90,6 +102,7 @@ Arguments parse_arguments(int argc, char** argv) {
     else if (arg == "--list") args.list = true;
     else if (arg == "--describe") args.describe = name_of(i, arg, false);
     else if (arg == "-o" || arg == "--output") args.output = name_of(i, arg, true);
+    else if (arg == "--shard") args.shard = value_of(i, arg);
     else if (arg == "-j" || arg == "--jobs") {
       const std::string text = value_of(i, arg);
       std::size_t used = 0;
@@ -107,7 +120,7 @@ Arguments parse_arguments(int argc, char** argv) {
     else if (arg == "--dry-run") args.dry_run = true;
     else if (arg == "--quiet" || arg == "-q") args.quiet = true;
     else if (arg.size() > 1 && arg[0] == '-') {
-      const std::vector<std::string> options = {"--output", "--jobs", "--force", "--resume", "--dry-run",
+      const std::vector<std::string> options = {"--output", "--jobs", "--shard", "--force", "--resume", "--dry-run",
                                                 "--quiet", "--list", "--describe", "--help"};
       throw InputError("sweep: unknown option '" + arg + "'" + did_you_mean(arg, options) + " (see sweep --help)");
     } else if (args.config) {
@@ -126,6 +139,7 @@ Arguments parse_arguments(int argc, char** argv) {
     else if (args.config) extra = "'" + *args.config + "'";
     else if (args.output) extra = "-o";
     else if (args.jobs) extra = "-j";
+    else if (args.shard) extra = "--shard";
     else if (args.force) extra = "--force";
     else if (args.resume) extra = "--resume";
     else if (args.dry_run) extra = "--dry-run";
@@ -195,8 +209,10 @@ std::string number_text(double x) {
 
 // The lines on counted and trapped floating-point exceptions ("" when there were none).
 std::string fp_exceptions_text(const SweepSummary& s) {
-  const auto done_points = static_cast<std::uint64_t>(std::count(s.done.begin(), s.done.end(), 1));
-  const std::string of_runs = " of " + std::to_string(done_points * s.replicas) + " runs";
+  std::uint64_t done_runs = 0;
+  for (const std::vector<std::uint8_t>& point : s.done)
+    done_runs += static_cast<std::uint64_t>(std::count(point.begin(), point.end(), 1));
+  const std::string of_runs = " of " + std::to_string(done_runs) + " runs";
   std::string text;
   for (emu::Flag flag : emu::kAllFlags) {
     const auto it = s.counted_operations.find(emu::flag_name(flag));
@@ -212,8 +228,11 @@ std::string fp_exceptions_text(const SweepSummary& s) {
   return text;
 }
 
+}  // namespace
+
 // Per point: the parameters that differ between points, and mean / std / min / max of the
-// headline metric over replicas (std with n - 1; "-" for one replica).
+// headline metric over the replicas written (std with n - 1; "-" for one replica). A
+// shard's file shows the points it holds runs of.
 void print_summary(const std::string& path) {
   const SweepSummary s = read_summary(path);
   std::vector<std::size_t> varied;
@@ -230,14 +249,16 @@ void print_summary(const std::string& path) {
   constexpr std::size_t kMaxRows = 1000;
   std::size_t not_shown = 0;
   for (std::size_t p = 0; p < s.n_points; ++p) {
-    if (!s.done[p]) continue;
+    std::vector<double> v;
+    for (std::size_t r = 0; r < s.replicas; ++r)
+      if (s.done[p][r]) v.push_back(s.headline[p][r]);
+    if (v.empty()) continue;
     if (rows.size() == kMaxRows) {
       ++not_shown;
       continue;
     }
     std::vector<std::string> row{std::to_string(p)};
     for (std::size_t k : varied) row.push_back(s.param_values[k][p]);
-    const std::vector<double>& v = s.headline[p];
     double sum = 0, low = INFINITY, high = -INFINITY;
     bool any_nan = false;
     for (double x : v) sum += x, low = std::min(low, x), high = std::max(high, x), any_nan = any_nan || std::isnan(x);
@@ -255,7 +276,8 @@ void print_summary(const std::string& path) {
     for (const auto& row : rows) width[c] = std::max(width[c], row[c].size());
   }
   std::ostringstream out;
-  out << s.experiment << ": " << s.n_points << " points x " << s.replicas << " replicas (" << s.status << ")\n";
+  out << s.experiment << ": " << s.n_points << " points x " << s.replicas << " replicas ("
+      << (s.shard ? "shard " + s.shard->text() + ", " : "") << s.status << ")\n";
   for (const auto* row : {&header}) {
     for (std::size_t c = 0; c < row->size(); ++c) out << (c ? "  " : "") << std::string(width[c] - (*row)[c].size(), ' ') << (*row)[c];
     out << '\n';
@@ -270,48 +292,54 @@ void print_summary(const std::string& path) {
   std::cout << out.str() << std::flush;
 }
 
-std::atomic<bool> g_stop_requested{false};
-extern "C" void request_stop(int) { g_stop_requested.store(true); }
-
-// SIGINT and SIGTERM set g_stop_requested from the start of sweep_main to its end (the
-// previous handlers are restored afterwards): a signal at any moment, while the config is
-// parsed or the output created too, stops the sweep through the same path.
-class StopSignals {
- public:
-  StopSignals() {
-    g_stop_requested.store(false);
-    struct sigaction action {};
-    action.sa_handler = request_stop;
-    action.sa_flags = SA_RESTART;  // file reads and writes go on
-    sigemptyset(&action.sa_mask);
-    sigaction(SIGINT, &action, &previous_int_);
-    sigaction(SIGTERM, &action, &previous_term_);
-  }
-  ~StopSignals() {
-    sigaction(SIGINT, &previous_int_, nullptr);
-    sigaction(SIGTERM, &previous_term_, nullptr);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-
- private:
-  struct sigaction previous_int_ {}, previous_term_ {};
-};
+namespace {
 
 int interrupted_before_start() {
   std::fprintf(stderr, "sweep: interrupted before any point was computed; nothing written\n");
   return kExitInterrupted;
 }
 
-int run(const Arguments& args) {
-  const SweepPlan plan = load_plan(*args.config, args.output);
+// The command that continues (or, for a shard, redoes) this run, for hints.
+std::string command_for(const Arguments& args, const SweepPlan& plan, const std::string& extra) {
+  std::string command = "sweep " + shell_quoted(*args.config);
+  if (plan.shard) command += " --shard " + plan.shard->text();
+  if (args.output) command += " -o " + shell_quoted(*args.output);
+  return command + extra;
+}
+
+// Every run of the plan, or those of its shard.
+std::vector<PointWork> work_of(const SweepPlan& plan) {
+  const auto n_points = static_cast<std::uint32_t>(plan.points.size());
+  if (plan.shard) return shard_items(n_points, plan.replicas, *plan.shard);
+  std::vector<std::uint32_t> all(plan.replicas);
+  for (std::uint32_t r = 0; r < plan.replicas; ++r) all[r] = r;
+  std::vector<PointWork> work;
+  for (std::uint32_t p = 0; p < n_points; ++p) work.push_back({p, all});
+  return work;
+}
+
+std::string shard_text(const std::optional<Shard>& shard) { return shard ? "shard " + shard->text() : "the whole sweep"; }
+
+int run(const Arguments& args, WorkerGroup* workers) {
+  SweepPlan plan = load_plan(*args.config, args.output);
+  if (args.shard) {
+    plan.shard = parse_shard(*args.shard);
+    if (!args.output) plan.output = shard_output_path(plan.output, *plan.shard);
+  }
   const std::string sha = sha256_hex(plan.config_text);
   const std::size_t n_points = plan.points.size();
-  if (g_stop_requested.load()) return interrupted_before_start();
+  if (stop_requested().load()) return interrupted_before_start();
+  const std::vector<PointWork> work = work_of(plan);
 
   if (args.dry_run) {
-    std::printf("%s: %zu points x %u replicas = %zu runs\noutput: %s\n", plan.experiment->name.c_str(), n_points,
-                plan.replicas, n_points * plan.replicas, plan.output.c_str());
+    std::printf("%s: %zu points x %u replicas = %zu runs\n", plan.experiment->name.c_str(), n_points, plan.replicas,
+                n_points * plan.replicas);
+    if (plan.shard) {
+      std::size_t runs = 0;
+      for (const PointWork& w : work) runs += w.replicas.size();
+      std::printf("shard %s: %zu runs (%s)\n", plan.shard->text().c_str(), runs, describe_items(work, plan.replicas).c_str());
+    }
+    std::printf("output: %s\n", plan.output.c_str());
     return kExitOk;
   }
 
@@ -327,13 +355,24 @@ int run(const Arguments& args) {
     if (existing.config_sha256 != sha)
       throw InputError("sweep: " + out + " was written by another config (config_sha256 differs); left untouched " +
                        (args.resume ? "and not resumed " : "") + "(choose another -o, or --force to overwrite)");
+    const auto same_shard = [](const std::optional<Shard>& a, const std::optional<Shard>& b) {
+      return a.has_value() == b.has_value() && (!a || (a->index == b->index && a->count == b->count));
+    };
+    if (!same_shard(existing.shard, plan.shard))
+      throw InputError("sweep: " + out + " holds " + shard_text(existing.shard) + " of this config, not " + shard_text(plan.shard) +
+                       "; left untouched (" +
+                       (existing.shard ? "continue it with --shard " + existing.shard->text() + ", merge shards with sweep merge, "
+                                       : std::string()) +
+                       "choose another -o, or --force to overwrite)");
     if (existing.status == "complete") {
-      std::fprintf(stderr, "sweep: %s is already complete for this config; showing it (--force recomputes)\n", out.c_str());
+      std::fprintf(stderr, "sweep: %s is already complete for this config%s; showing it (--force recomputes)\n", out.c_str(),
+                   plan.shard ? (" (shard " + plan.shard->text() + ")").c_str() : "");
       print_summary(out);
       return kExitOk;
     }
     if (!args.resume)
-      throw InputError("sweep: " + out + " holds a partial run of this config; continue it with --resume, or start over with --force");
+      throw InputError("sweep: " + out + " holds a partial run of this config; continue it with --resume (" +
+                       command_for(args, plan, " --resume") + "), or start over with --force");
     // One file, one build: finishing another build's partial run could mix two builds' numbers.
     const std::string version = build_roundoff_version(), commit = build_git_commit();
     if (existing.roundoff_version != version || existing.git_commit != commit)
@@ -342,24 +381,26 @@ int run(const Arguments& args) {
                        "); not resumed, so that one file holds one build's numbers: start over with --force");
     resume = true;
   }
-  if (g_stop_requested.load()) return interrupted_before_start();
+  if (stop_requested().load()) return interrupted_before_start();
 
   RunReport report;
   {
     // A signal from here on: the points finished so far (maybe none) are in a valid
     // partial file that --resume continues.
+    // Declared first so that the output is closed before the workers are waited for.
+    std::unique_ptr<RemoteWorkers> remote;
     OutputFile output = resume ? OutputFile::open_for_resume(plan) : OutputFile::create(plan, sha);
-    const std::vector<std::uint8_t> done = resume ? output.read_done() : std::vector<std::uint8_t>(n_points, 0);
+    if (workers) remote = workers->start(plan, args.jobs);
     RunOptions options;
     options.threads = args.jobs;
     options.progress = !args.quiet && isatty(STDERR_FILENO);
-    report = run_plan(plan, output, done, options, g_stop_requested);
+    report = run_plan(plan, output, work, options, stop_requested(), remote.get());
     if (report.complete) output.mark_complete();
   }
   if (!report.complete) {
-    std::fprintf(stderr, "sweep: interrupted; %zu of %zu points saved in %s (status partial); continue with: sweep %s --resume%s\n",
-                 report.points_done, report.n_points, out.c_str(), args.config->c_str(),
-                 args.output ? (" -o " + *args.output).c_str() : "");
+    std::fprintf(stderr, "sweep: interrupted; %zu of %zu points%s saved in %s (status partial); continue with: %s\n",
+                 report.points_done, report.n_points, plan.shard ? (" of shard " + plan.shard->text()).c_str() : "",
+                 out.c_str(), command_for(args, plan, " --resume").c_str());
     return kExitInterrupted;
   }
   print_summary(out);
@@ -373,9 +414,10 @@ std::string one_line(std::string text) {
 
 }  // namespace
 
-int sweep_main(int argc, char** argv) {
+int sweep_main(int argc, char** argv, WorkerGroup* workers) {
   const StopSignals signals;  // first of all: no moment is left to the default action
   try {
+    if (argc > 1 && std::string(argv[1]) == "merge") return merge_main(argc - 1, argv + 1);
     const Arguments args = parse_arguments(argc, argv);
     if (args.help) {
       std::fputs(kUsage, stdout);
@@ -386,7 +428,7 @@ int sweep_main(int argc, char** argv) {
       return kExitOk;
     }
     if (args.describe) return describe(*args.describe);
-    return run(args);
+    return run(args, workers);
   } catch (const InputError& e) {
     std::fprintf(stderr, "%s\n", one_line(e.what()).c_str());
     return kExitBadInput;

@@ -391,7 +391,7 @@ void check_output_directory(const std::string& output, const std::function<void(
 }  // namespace
 
 SweepPlan parse_plan(const std::string& config_text, const std::string& config_path,
-                     const std::optional<std::string>& output_override) {
+                     const std::optional<std::string>& output_override, bool check_output_folder) {
   const Reader reader(config_path);
   SweepPlan plan;
   plan.config_path = config_path;
@@ -467,15 +467,18 @@ SweepPlan parse_plan(const std::string& config_text, const std::string& config_p
   // with -o is broken. Its directory matters only when it is used.
   const Located* output_at = get("output");
   if (output_at && reader.string(*output_at).empty()) reader.fail(*output_at, "output path is empty");
+  const auto check_output = [&](const std::string& output, const std::function<void(const std::string&)>& fail) {
+    if (check_output_folder) check_output_directory(output, fail);
+  };
   if (output_override) {
     plan.output = *output_override;
-    check_output_directory(plan.output, [](const std::string& m) { throw InputError("sweep: -o: " + m); });
+    check_output(plan.output, [](const std::string& m) { throw InputError("sweep: -o: " + m); });
   } else if (const Located* at = output_at) {
     plan.output = reader.string(*at);
-    check_output_directory(plan.output, [&](const std::string& m) { reader.fail(*at, m); });
+    check_output(plan.output, [&](const std::string& m) { reader.fail(*at, m); });
   } else {
     plan.output = "results/" + std::filesystem::path(config_path).stem().string() + ".h5";
-    check_output_directory(plan.output, [&](const std::string& m) {
+    check_output(plan.output, [&](const std::string& m) {
       reader.fail(top, "output", "default output: " + m + "; create it, set 'output:' or pass -o");
     });
   }

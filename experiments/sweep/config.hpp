@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "experiments/experiment.hpp"
+#include "shard.hpp"
 
 namespace roundoff::sweep {
 
@@ -45,12 +46,17 @@ struct SweepPlan {
   // Per point, the experiment's trace_length, worked out once while planning (it may read
   // a data file); empty for experiments that declare none.
   std::vector<std::int64_t> trace_lengths;
+  // Set by `--shard K/N`: this run computes that shard's work items only (shard.hpp) and
+  // its output says so in its root attributes.
+  std::optional<Shard> shard;
 };
 
 // Parses and validates `config_text` (read from `config_path`). `output_override` is the
 // -o argument, which replaces the config's `output` (that is still checked to be a path).
+// `check_output_folder` false: the output's folder need not exist here (an MPI rank that
+// computes but never writes the output).
 SweepPlan parse_plan(const std::string& config_text, const std::string& config_path,
-                     const std::optional<std::string>& output_override);
+                     const std::optional<std::string>& output_override, bool check_output_folder = true);
 
 // Reads the file (a problem reading it is "FILE: config: cannot read: OS reason"), then
 // parse_plan.

@@ -1,17 +1,14 @@
 #include "h5file.hpp"
 
-#include <fcntl.h>
 #include <sys/file.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
-#include <cstdio>
-#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <limits>
+#include <span>
 #include <stdexcept>
 #include <string_view>
 
@@ -20,94 +17,9 @@
 
 namespace roundoff::sweep {
 
-Hid& Hid::operator=(Hid&& other) noexcept {
-  if (this != &other) {
-    if (id_ >= 0 && close_) close_(id_);
-    id_ = other.id_, close_ = other.close_, other.id_ = -1;
-  }
-  return *this;
-}
-Hid::~Hid() {
-  if (id_ >= 0 && close_) close_(id_);
-}
-
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-void check(herr_t status, const std::string& what) {
-  if (status < 0) throw std::runtime_error("HDF5: " + what + " failed");
-}
-Hid checked(hid_t id, herr_t (*close)(hid_t), const std::string& what) {
-  if (id < 0) throw std::runtime_error("HDF5: " + what + " failed");
-  return Hid(id, close);
-}
-
-Hid utf8_string_type() {
-  Hid type = checked(H5Tcopy(H5T_C_S1), H5Tclose, "H5Tcopy");
-  check(H5Tset_size(type.get(), H5T_VARIABLE), "H5Tset_size");
-  check(H5Tset_cset(type.get(), H5T_CSET_UTF8), "H5Tset_cset");
-  return type;
-}
-
-Hid simple_space(const std::vector<hsize_t>& dims, const std::vector<hsize_t>& max_dims = {}) {
-  return checked(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), max_dims.empty() ? nullptr : max_dims.data()),
-                 H5Sclose, "H5Screate_simple");
-}
-
-// Creates or overwrites a scalar attribute (overwriting keeps its creation order).
-void write_attribute(hid_t object, const char* name, hid_t file_type, hid_t memory_type, const void* value) {
-  Hid space = checked(H5Screate(H5S_SCALAR), H5Sclose, "H5Screate");
-  Hid attribute = H5Aexists(object, name) > 0
-                      ? checked(H5Aopen(object, name, H5P_DEFAULT), H5Aclose, std::string("open attribute ") + name)
-                      : checked(H5Acreate2(object, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
-                                std::string("create attribute ") + name);
-  check(H5Awrite(attribute.get(), memory_type, value), std::string("write attribute ") + name);
-}
-void write_attribute(hid_t object, const char* name, const std::string& value) {
-  Hid type = utf8_string_type();
-  const char* text = value.c_str();
-  write_attribute(object, name, type.get(), type.get(), &text);
-}
-void write_attribute(hid_t object, const char* name, std::int64_t value) {
-  write_attribute(object, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &value);
-}
-void write_attribute(hid_t object, const char* name, std::uint64_t value) {
-  write_attribute(object, name, H5T_STD_U64LE, H5T_NATIVE_UINT64, &value);
-}
-
-std::string read_string_attribute(hid_t object, const char* name) {
-  if (H5Aexists(object, name) <= 0) return "";
-  Hid attribute = checked(H5Aopen(object, name, H5P_DEFAULT), H5Aclose, std::string("open attribute ") + name);
-  Hid file_type = checked(H5Aget_type(attribute.get()), H5Tclose, "H5Aget_type");
-  if (H5Tget_class(file_type.get()) != H5T_STRING) return "";
-  if (H5Tis_variable_str(file_type.get()) > 0) {
-    Hid type = utf8_string_type();
-    char* text = nullptr;
-    check(H5Aread(attribute.get(), type.get(), &text), std::string("read attribute ") + name);
-    std::string value = text ? text : "";
-    H5free_memory(text);
-    return value;
-  }
-  std::string value(H5Tget_size(file_type.get()), '\0');
-  check(H5Aread(attribute.get(), file_type.get(), value.data()), std::string("read attribute ") + name);
-  return value.substr(0, value.find('\0'));
-}
-
-template <typename T>
-T read_number_attribute(hid_t object, const char* name, hid_t memory_type) {
-  Hid attribute = checked(H5Aopen(object, name, H5P_DEFAULT), H5Aclose, std::string("open attribute ") + name);
-  T value{};
-  check(H5Aread(attribute.get(), memory_type, &value), std::string("read attribute ") + name);
-  return value;
-}
-
-Hid create_group(hid_t parent, const char* name) {
-  Hid gcpl = checked(H5Pcreate(H5P_GROUP_CREATE), H5Pclose, "H5Pcreate");
-  // Creation order tracked so that readers list params and metrics in the experiment's order.
-  check(H5Pset_link_creation_order(gcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED), "link order");
-  return checked(H5Gcreate2(parent, name, H5P_DEFAULT, gcpl.get(), H5P_DEFAULT), H5Gclose, std::string("create group ") + name);
-}
 
 Hid create_dataset(hid_t group, const std::string& name, hid_t file_type, const std::vector<hsize_t>& dims,
                    const void* fill = nullptr, hid_t fill_type = -1) {
@@ -146,26 +58,6 @@ Hid create_trace_dataset(hid_t group, const std::string& name, const std::vector
   return create_growing_dataset(group, name, H5T_IEEE_F64LE, dims, {dims.size() - 1}, chunk, H5T_NATIVE_DOUBLE, &kNaN);
 }
 
-Hid open_dataset(hid_t file, const std::string& path) {
-  return checked(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose, "open dataset " + path);
-}
-
-std::vector<hsize_t> dataset_dims(hid_t dataset) {
-  Hid space = checked(H5Dget_space(dataset), H5Sclose, "H5Dget_space");
-  std::vector<hsize_t> dims(static_cast<std::size_t>(H5Sget_simple_extent_ndims(space.get())));
-  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-  return dims;
-}
-
-// Writes the block [start, start + count) of a dataset from contiguous memory.
-void write_block(hid_t dataset, hid_t memory_type, const std::vector<hsize_t>& start,
-                 const std::vector<hsize_t>& count, const void* data) {
-  Hid file_space = checked(H5Dget_space(dataset), H5Sclose, "H5Dget_space");
-  check(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr), "select");
-  Hid memory_space = simple_space(count);
-  check(H5Dwrite(dataset, memory_type, memory_space.get(), file_space.get(), H5P_DEFAULT, data), "H5Dwrite");
-}
-
 std::string iso8601_utc_now() {
   const std::time_t now = std::time(nullptr);
   std::tm utc{};
@@ -175,53 +67,36 @@ std::string iso8601_utc_now() {
   return buf;
 }
 
-// Trace chunks: one point, up to 256 replicas, about 256 KiB; fixed by the plan alone so
-// that every run of a config lays the file out the same way.
-std::vector<hsize_t> trace_chunk(hsize_t replicas) {
-  const hsize_t chunk_replicas = std::min<hsize_t>(replicas, 256);
-  return {1, chunk_replicas, std::max<hsize_t>(1, 32768 / chunk_replicas)};
-}
-
-void silence_hdf5_errors() {
-  // Failures are reported by return codes and turned into our own messages.
-  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-}
-
-// HDF5 (1.10 on) holds a flock() on every file it has open, exclusive for writing and
-// shared for reading (unless HDF5_USE_FILE_LOCKING=FALSE). This takes one on `path` too,
-// without waiting, and keeps it until destroyed: `refused()` means another process holds a
-// conflicting one (LOCK_SH: a writer; LOCK_EX: any writer or reader).
-class LockProbe {
- public:
-  LockProbe(const std::string& path, int how) : fd_(open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
-    if (fd_ < 0) return;
-    while (flock(fd_, how | LOCK_NB) != 0) {
-      if (errno == EINTR) continue;
-      refused_ = errno == EWOULDBLOCK;
-      break;
-    }
+// Trace chunks: one point, up to 256 replicas, at most 256 KiB, and no longer along T than
+// the longest trace the plan declares (a chunk is compressed whole: 32,768 mostly-NaN
+// values per point for a 60-sample trace made writing and merging ten times slower).
+// Fixed by the plan alone, so that every run of a config lays the file out the same way.
+std::vector<hsize_t> trace_chunk(const SweepPlan& plan) {
+  const hsize_t chunk_replicas = std::min<hsize_t>(plan.replicas, 256);
+  hsize_t length = std::max<hsize_t>(1, 32768 / chunk_replicas);
+  if (!plan.trace_lengths.empty()) {
+    const std::int64_t longest = *std::max_element(plan.trace_lengths.begin(), plan.trace_lengths.end());
+    length = std::clamp<hsize_t>(static_cast<hsize_t>(std::max<std::int64_t>(longest, 1)), 1, length);
   }
-  ~LockProbe() {
-    if (fd_ >= 0) close(fd_);
-  }
-  LockProbe(const LockProbe&) = delete;
-  LockProbe& operator=(const LockProbe&) = delete;
-  bool refused() const { return refused_; }
-
- private:
-  int fd_;
-  bool refused_ = false;
-};
+  return {1, chunk_replicas, length};
+}
 
 }  // namespace
 
 std::string build_roundoff_version() { return ROUNDOFF_VERSION; }
 std::string build_git_commit() { return ROUNDOFF_GIT_COMMIT; }
 
-std::string in_use_message(const std::string& path) {
-  return "sweep: " + path + " is in use by another process (it holds the file's HDF5 lock: a sweep still writing it, "
-         "or a program that has it open); left untouched, try again when that has finished";
+namespace {
+
+// The shard a file's root attributes name, if any.
+std::optional<Shard> shard_attributes(hid_t file) {
+  if (H5Aexists(file, "shard_index") <= 0 || H5Aexists(file, "shard_count") <= 0) return std::nullopt;
+  const std::int64_t index = read_int64_attribute(file, "shard_index"), count = read_int64_attribute(file, "shard_count");
+  if (count < 1 || count > kMaxShards || index < 0 || index >= count) return std::nullopt;
+  return Shard{static_cast<std::uint32_t>(index), static_cast<std::uint32_t>(count)};
 }
+
+}  // namespace
 
 ExistingOutput inspect_output(const std::string& path) {
   silence_hdf5_errors();
@@ -246,6 +121,7 @@ ExistingOutput inspect_output(const std::string& path) {
   existing.status = read_string_attribute(file, "status");
   existing.roundoff_version = read_string_attribute(file, "roundoff_version");
   existing.git_commit = read_string_attribute(file, "git_commit");
+  existing.shard = shard_attributes(file);
   const bool ours = !existing.config_sha256.empty() && H5Aexists(file, "roundoff_version") > 0 &&
                     H5Lexists(file, "done", H5P_DEFAULT) > 0;
   existing.kind = ours ? ExistingOutput::Kind::roundoff : ExistingOutput::Kind::not_roundoff;
@@ -421,7 +297,8 @@ void append_fill(FpBlock& block, const FpColumn& column, hsize_t width) {
 // Writes the blocks of the columns under `group` ("fp_counts/" or "traps/") at point p:
 // `shape` is [1, R] or [1, R, rows]; `width` the operands dimension of the block.
 void write_fp_blocks(const std::map<std::string, Hid>& sets, const std::map<std::string, FpBlock>& blocks,
-                     const std::string& group, hsize_t p, const std::vector<hsize_t>& shape, hsize_t width) {
+                     const std::string& group, hsize_t p, hsize_t first_replica, const std::vector<hsize_t>& shape,
+                     hsize_t width) {
   Hid text = utf8_string_type();
   for (const FpColumn& column : kFpColumns) {
     if (std::string_view(column.path).rfind(group, 0) != 0) continue;
@@ -436,12 +313,14 @@ void write_fp_blocks(const std::map<std::string, Hid>& sets, const std::map<std:
     if (column.extra == FpExtra::operands) grow(dataset, count.size() - 1, width);
     std::vector<hsize_t> start(count.size(), 0);
     start[0] = p;
+    start[1] = first_replica;
     write_block(dataset, fp_types(column.kind, text.get()).memory, start, count, blocks.at(column.path).data(column.kind));
   }
 }
 
 // The counts and traps of every replica of point p.
-void write_fp_point(const std::map<std::string, Hid>& sets, hsize_t p, const std::vector<RunResult>& results) {
+void write_fp_point(const std::map<std::string, Hid>& sets, hsize_t p, hsize_t first_replica,
+                    std::span<const RunResult> results) {
   const hsize_t replicas = results.size();
 
   hsize_t rows = 0, width = 0;
@@ -469,7 +348,7 @@ void write_fp_point(const std::map<std::string, Hid>& sets, hsize_t p, const std
         append_operands(b["fp_counts/first_operands"].float64, c.first_operands, width);
         b["fp_counts/first_result"].float64.push_back(c.first_result);
       }
-    write_fp_blocks(sets, b, "fp_counts/", p, {1, replicas, rows}, width);
+    write_fp_blocks(sets, b, "fp_counts/", p, first_replica, {1, replicas, rows}, width);
   }
 
   if (std::none_of(results.begin(), results.end(), [](const RunResult& r) { return r.trap.has_value(); })) return;
@@ -499,7 +378,7 @@ void write_fp_point(const std::map<std::string, Hid>& sets, hsize_t p, const std
     b["traps/fp_sts"].uint32.push_back(t.fp_sts());
     b["traps/report"].text.push_back(reports.back().c_str());
   }
-  write_fp_blocks(sets, b, "traps/", p, {1, replicas}, width);
+  write_fp_blocks(sets, b, "traps/", p, first_replica, {1, replicas}, width);
 }
 
 // Every attribute, group and dataset of a new output, in file `f`.
@@ -520,6 +399,11 @@ void write_layout(hid_t f, const SweepPlan& plan, const std::string& config_sha2
   write_attribute(f, "replicas", static_cast<std::int64_t>(replicas));
   write_attribute(f, "n_points", static_cast<std::int64_t>(n_points));
   write_attribute(f, "headline_metric", experiment.headline_metric);
+  if (plan.shard) {
+    write_attribute(f, "shard_index", static_cast<std::int64_t>(plan.shard->index));
+    write_attribute(f, "shard_count", static_cast<std::int64_t>(plan.shard->count));
+    write_attribute(f, "config_path", plan.config_path);
+  }
 
   Hid points = create_group(f, "points");
   for (const ParamSpec& spec : experiment.params) {
@@ -567,7 +451,7 @@ void write_layout(hid_t f, const SweepPlan& plan, const std::string& config_sha2
 
   Hid traces = create_group(f, "traces");
   for (const TraceSpec& spec : experiment.traces) {
-    const std::vector<hsize_t> chunk = trace_chunk(replicas);
+    const std::vector<hsize_t> chunk = trace_chunk(plan);
     Hid y = create_trace_dataset(traces.get(), spec.name, {n_points, replicas, 0}, chunk);
     write_attribute(y.get(), "meaning", spec.meaning);
     write_attribute(y.get(), "x", spec.name + "_x");
@@ -587,13 +471,13 @@ void write_layout(hid_t f, const SweepPlan& plan, const std::string& config_sha2
 
   Hid done = create_dataset(f, "done", H5T_STD_U8LE, {n_points}, &zero, H5T_NATIVE_UINT8);
   write_attribute(done.get(), "meaning", std::string("1 where every replica of the point is written"));
+  Hid done_replicas = create_dataset(f, "done_replicas", H5T_STD_U8LE, {n_points, replicas}, &zero, H5T_NATIVE_UINT8);
+  write_attribute(done_replicas.get(), "meaning", std::string("1 where this replica of the point is written"));
 }
 
 // The whole file as `create` leaves it, written to `path` and closed.
 void write_skeleton(const std::string& path, const SweepPlan& plan, const std::string& config_sha256) {
-  Hid fcpl = checked(H5Pcreate(H5P_FILE_CREATE), H5Pclose, "H5Pcreate");
-  check(H5Pset_link_creation_order(fcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED), "link order");
-  check(H5Pset_attr_creation_order(fcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED), "attribute order");
+  Hid fcpl = creation_ordered(H5P_FILE_CREATE);
   Hid file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl.get(), H5P_DEFAULT), H5Fclose);
   if (file.get() < 0) throw std::runtime_error("cannot create '" + path + "'");
   write_layout(file.get(), plan, config_sha256);  // its objects are closed on return
@@ -604,30 +488,7 @@ void write_skeleton(const std::string& path, const SweepPlan& plan, const std::s
 
 OutputFile OutputFile::create(const SweepPlan& plan, const std::string& config_sha256) {
   silence_hdf5_errors();
-  namespace fs = std::filesystem;
-  const fs::path target(plan.output);
-  const fs::path folder = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-  std::string hidden_name(".");  // appended, not "." + ...: gcc 12 warns falsely (-Wrestrict) on that
-  hidden_name += target.filename().string();
-  hidden_name += ".sweep-tmp-" + std::to_string(getpid());
-  const std::string temporary = (folder / hidden_name).string();
-  std::error_code ignored;
-  // Created here first, to report a folder we may not write to by its reason.
-  const int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  if (fd < 0)
-    throw InputError("sweep: cannot create a file in '" + folder.string() + "' for " + plan.output + ": " + std::strerror(errno));
-  close(fd);
-  try {
-    write_skeleton(temporary, plan, config_sha256);
-    // Held across the rename: no other process starts writing the file being replaced.
-    const LockProbe old(plan.output, LOCK_SH);
-    if (old.refused()) throw InputError(in_use_message(plan.output));
-    if (std::rename(temporary.c_str(), plan.output.c_str()) != 0)
-      throw std::runtime_error("cannot rename '" + temporary + "' to '" + plan.output + "': " + std::strerror(errno));
-  } catch (...) {
-    fs::remove(temporary, ignored);
-    throw;
-  }
+  publish_new_file(plan.output, [&](const std::string& temporary) { write_skeleton(temporary, plan, config_sha256); });
   return open_for_resume(plan);
 }
 
@@ -636,8 +497,8 @@ OutputFile OutputFile::open_for_resume(const SweepPlan& plan) {
   if (LockProbe(plan.output, LOCK_EX).refused()) throw InputError(in_use_message(plan.output));
   Hid file(H5Fopen(plan.output.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
   if (file.get() < 0) throw std::runtime_error("cannot open '" + plan.output + "' for writing");
-  const auto n_points = read_number_attribute<std::int64_t>(file.get(), "n_points", H5T_NATIVE_INT64);
-  const auto replicas = read_number_attribute<std::int64_t>(file.get(), "replicas", H5T_NATIVE_INT64);
+  const auto n_points = read_int64_attribute(file.get(), "n_points");
+  const auto replicas = read_int64_attribute(file.get(), "replicas");
   if (static_cast<std::size_t>(n_points) != plan.points.size() || static_cast<std::uint32_t>(replicas) != plan.replicas)
     throw std::runtime_error("'" + plan.output + "' has another shape than its config describes");
   return OutputFile(plan, std::move(file));
@@ -653,22 +514,43 @@ OutputFile::OutputFile(const SweepPlan& plan, Hid file) : plan_(&plan), file_(st
   for (emu::Flag flag : emu::kAllFlags) flag_sets_.push_back(open_dataset(f, std::string("flags/") + emu::flag_name(flag)));
   for (const FpColumn& column : kFpColumns) fp_sets_.emplace(column.path, open_dataset(f, column.path));
   done_set_ = open_dataset(f, "done");
+  done_replicas_set_ = open_dataset(f, "done_replicas");
+  done_replicas_.resize(plan.points.size() * plan.replicas);
+  check(H5Dread(done_replicas_set_.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, done_replicas_.data()),
+        "read done_replicas");
 }
 
-std::vector<std::uint8_t> OutputFile::read_done() const {
-  std::vector<std::uint8_t> done(plan_->points.size());
-  check(H5Dread(done_set_.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, done.data()), "read done");
-  return done;
+namespace {
+
+// Calls write(first, count) for each run of consecutive replicas in `replicas` (ascending):
+// first is the run's index in `replicas`.
+template <typename Write>
+void for_each_replica_run(const std::vector<std::uint32_t>& replicas, Write&& write) {
+  for (std::size_t i = 0; i < replicas.size();) {
+    std::size_t j = i + 1;
+    while (j < replicas.size() && replicas[j] == replicas[j - 1] + 1) ++j;
+    write(i, j - i);
+    i = j;
+  }
 }
 
-void OutputFile::write_point(std::uint32_t point, const std::vector<RunResult>& results) {
+}  // namespace
+
+void OutputFile::write_point(const PointWork& work, const std::vector<RunResult>& results) {
   const Experiment& experiment = *plan_->experiment;
-  const hsize_t replicas = results.size(), p = point;
+  const hsize_t p = work.point;
+  const std::vector<std::uint32_t>& replicas = work.replicas;
+  // Writes `row` (one value per entry of `replicas`) into [p, replica] of a [P, R] dataset.
+  const auto write_row = [&](hid_t dataset, hid_t memory_type, const auto& row) {
+    for_each_replica_run(replicas, [&](std::size_t first, std::size_t count) {
+      write_block(dataset, memory_type, {p, replicas[first]}, {1, count}, row.data() + first);
+    });
+  };
 
   for (std::size_t m = 0; m < experiment.metrics.size(); ++m) {
     std::vector<double> row;
     for (const RunResult& r : results) row.push_back(r.metrics.at(experiment.metrics[m].name));
-    write_block(metric_sets_[m].get(), H5T_NATIVE_DOUBLE, {p, 0}, {1, replicas}, row.data());
+    write_row(metric_sets_[m].get(), H5T_NATIVE_DOUBLE, row);
   }
 
   for (std::size_t t = 0; t < experiment.traces.size(); ++t) {
@@ -687,26 +569,35 @@ void OutputFile::write_point(std::uint32_t point, const std::vector<RunResult>& 
       const hsize_t x_dims[2] = {y_dims[0], length};
       check(H5Dset_extent(x, x_dims), "extend trace x");
     }
-    std::vector<double> block(replicas * length, kNaN);
-    for (hsize_t r = 0; r < replicas; ++r)
-      if (const auto it = results[r].traces.find(spec.name); it != results[r].traces.end())
-        std::copy(it->second.y.begin(), it->second.y.end(), block.begin() + static_cast<std::ptrdiff_t>(r * length));
-    write_block(y, H5T_NATIVE_DOUBLE, {p, 0, 0}, {1, replicas, length}, block.data());
-    std::vector<double> x_row(length, kNaN);
-    std::copy(longest->x.begin(), longest->x.end(), x_row.begin());
-    write_block(x, H5T_NATIVE_DOUBLE, {p, 0}, {1, length}, x_row.data());
+    std::vector<double> block(results.size() * length, kNaN);
+    for (std::size_t i = 0; i < results.size(); ++i)
+      if (const auto it = results[i].traces.find(spec.name); it != results[i].traces.end())
+        std::copy(it->second.y.begin(), it->second.y.end(), block.begin() + static_cast<std::ptrdiff_t>(i * length));
+    for_each_replica_run(replicas, [&](std::size_t first, std::size_t count) {
+      write_block(y, H5T_NATIVE_DOUBLE, {p, replicas[first], 0}, {1, count, length}, block.data() + first * length);
+    });
+    // The x axis is the same for every replica: the longest trace's, as far as it goes.
+    write_block(x, H5T_NATIVE_DOUBLE, {p, 0}, {1, length}, longest->x.data());
   }
 
   for (std::size_t k = 0; k < std::size(emu::kAllFlags); ++k) {
     std::vector<std::uint8_t> row;
     for (const RunResult& r : results) row.push_back((r.flags & emu::kAllFlags[k]) ? 1 : 0);
-    write_block(flag_sets_[k].get(), H5T_NATIVE_UINT8, {p, 0}, {1, replicas}, row.data());
+    write_row(flag_sets_[k].get(), H5T_NATIVE_UINT8, row);
   }
 
-  write_fp_point(fp_sets_, p, results);
+  for_each_replica_run(replicas, [&](std::size_t first, std::size_t count) {
+    write_fp_point(fp_sets_, p, replicas[first], std::span<const RunResult>(results).subspan(first, count));
+  });
 
-  const std::uint8_t one = 1;
-  write_block(done_set_.get(), H5T_NATIVE_UINT8, {p}, {1}, &one);
+  const std::vector<std::uint8_t> ones(replicas.size(), 1);
+  write_row(done_replicas_set_.get(), H5T_NATIVE_UINT8, ones);
+  const auto row = done_replicas_.begin() + static_cast<std::ptrdiff_t>(p * plan_->replicas);
+  for (std::uint32_t r : replicas) row[r] = 1;
+  if (std::all_of(row, row + plan_->replicas, [](std::uint8_t d) { return d == 1; })) {
+    const std::uint8_t one = 1;
+    write_block(done_set_.get(), H5T_NATIVE_UINT8, {p}, {1}, &one);
+  }
 }
 
 void OutputFile::flush() { check(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL), "H5Fflush"); }
@@ -719,22 +610,6 @@ void OutputFile::mark_complete() {
 
 namespace {
 
-// HDF5 1.12 renamed the link iteration API; Debian 12 ships 1.10.
-#if H5_VERSION_GE(1, 12, 0)
-using LinkInfo = H5L_info2_t;
-#define ROUNDOFF_H5_LITERATE H5Literate2
-#define ROUNDOFF_H5_RECLAIM(type, space, data) H5Treclaim(type, space, H5P_DEFAULT, data)
-#else
-using LinkInfo = H5L_info_t;
-#define ROUNDOFF_H5_LITERATE H5Literate
-#define ROUNDOFF_H5_RECLAIM(type, space, data) H5Dvlen_reclaim(type, space, H5P_DEFAULT, data)
-#endif
-
-herr_t collect_link_name(hid_t, const char* name, const LinkInfo*, void* names) {
-  static_cast<std::vector<std::string>*>(names)->push_back(name);
-  return 0;
-}
-
 // The n variable-length UTF-8 strings of a dataset ("" for unwritten ones).
 std::vector<std::string> read_strings(hid_t dataset, std::size_t n) {
   Hid string_type = utf8_string_type();
@@ -743,7 +618,7 @@ std::vector<std::string> read_strings(hid_t dataset, std::size_t n) {
   std::vector<std::string> strings;
   for (char* v : values) strings.push_back(v ? v : "");
   Hid space = checked(H5Dget_space(dataset), H5Sclose, "H5Dget_space");
-  ROUNDOFF_H5_RECLAIM(string_type.get(), space.get(), values.data());
+  reclaim_variable_length(string_type.get(), space.get(), values.data());
   return strings;
 }
 
@@ -785,7 +660,7 @@ std::size_t element_count(hid_t dataset) {
 void read_fp_summary(hid_t f, SweepSummary& summary) {
   if (H5Lexists(f, "traps", H5P_DEFAULT) <= 0) return;  // written before fp_exceptions existed
   const std::size_t replicas = summary.replicas, runs = summary.n_points * replicas;
-  auto run_done = [&](std::size_t run) { return summary.done[run / replicas] != 0; };
+  auto run_done = [&](std::size_t run) { return summary.done[run / replicas][run % replicas] != 0; };
   Hid trapped_set = open_dataset(f, "traps/trapped");
   const auto trapped = read_numbers<std::uint8_t>(trapped_set.get(), H5T_NATIVE_UINT8, runs);
   std::size_t first = runs;
@@ -829,28 +704,39 @@ SweepSummary read_summary(const std::string& path) {
   summary.experiment = read_string_attribute(f, "experiment");
   summary.headline_metric = read_string_attribute(f, "headline_metric");
   summary.status = read_string_attribute(f, "status");
-  summary.n_points = static_cast<std::uint64_t>(read_number_attribute<std::int64_t>(f, "n_points", H5T_NATIVE_INT64));
-  summary.replicas = static_cast<std::uint64_t>(read_number_attribute<std::int64_t>(f, "replicas", H5T_NATIVE_INT64));
+  summary.shard = shard_attributes(f);
+  summary.n_points = static_cast<std::uint64_t>(read_int64_attribute(f, "n_points"));
+  summary.replicas = static_cast<std::uint64_t>(read_int64_attribute(f, "replicas"));
+  const std::size_t runs = summary.n_points * summary.replicas;
 
   Hid points = checked(H5Gopen2(f, "points", H5P_DEFAULT), H5Gclose, "open /points");
-  check(ROUNDOFF_H5_LITERATE(points.get(), H5_INDEX_CRT_ORDER, H5_ITER_INC, nullptr, collect_link_name, &summary.param_names),
-        "list /points");
+  summary.param_names = link_names(points.get());
   for (const std::string& name : summary.param_names) {
     Hid dataset = open_dataset(points.get(), name);
     summary.param_values.push_back(read_param_column(dataset.get(), read_string_attribute(dataset.get(), "type"), summary.n_points));
   }
 
-  std::vector<double> headline(summary.n_points * summary.replicas, kNaN);
+  std::vector<double> headline(runs, kNaN);
   if (!summary.headline_metric.empty()) {
     Hid dataset = open_dataset(f, "metrics/" + summary.headline_metric);
     check(H5Dread(dataset.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, headline.data()), "read headline metric");
   }
-  for (std::uint64_t p = 0; p < summary.n_points; ++p)
-    summary.headline.emplace_back(headline.begin() + static_cast<std::ptrdiff_t>(p * summary.replicas),
-                                  headline.begin() + static_cast<std::ptrdiff_t>((p + 1) * summary.replicas));
-  summary.done.resize(summary.n_points);
-  Hid done = open_dataset(f, "done");
-  check(H5Dread(done.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, summary.done.data()), "read done");
+  // Files written before /done_replicas existed mark whole points in /done only.
+  std::vector<std::uint8_t> done(runs);
+  if (H5Lexists(f, "done_replicas", H5P_DEFAULT) > 0) {
+    Hid dataset = open_dataset(f, "done_replicas");
+    check(H5Dread(dataset.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, done.data()), "read done_replicas");
+  } else {
+    std::vector<std::uint8_t> done_points(summary.n_points);
+    Hid dataset = open_dataset(f, "done");
+    check(H5Dread(dataset.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, done_points.data()), "read done");
+    for (std::size_t i = 0; i < runs; ++i) done[i] = done_points[i / summary.replicas];
+  }
+  for (std::uint64_t p = 0; p < summary.n_points; ++p) {
+    const auto first = static_cast<std::ptrdiff_t>(p * summary.replicas), last = first + static_cast<std::ptrdiff_t>(summary.replicas);
+    summary.headline.emplace_back(headline.begin() + first, headline.begin() + last);
+    summary.done.emplace_back(done.begin() + first, done.begin() + last);
+  }
   read_fp_summary(f, summary);
   return summary;
 }

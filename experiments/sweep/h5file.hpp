@@ -9,40 +9,23 @@
 //   /flags/<FLAG>     [P, R] uint8 for OFLO DIV0 INV UFLO INEXACT
 //   /fp_counts/<col>  [P, R, K(, 4 | M)]: counted flags per (scope, op), one row each
 //   /traps/<col>      [P, R(, 4 | M)]: the trap that ended a run
-//   /done             [P] uint8
+//   /done             [P] uint8: every replica of the point is written
+//   /done_replicas    [P, R] uint8: this run is written
+// A shard's file (sweep --shard K/N) has the same layout and adds the root attributes
+// shard_index, shard_count and config_path.
 #pragma once
-
-#include <hdf5.h>
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "config.hpp"
+#include "h5util.hpp"
 
 namespace roundoff::sweep {
-
-// An HDF5 identifier closed when it goes out of scope.
-class Hid {
- public:
-  Hid() = default;
-  Hid(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  Hid(Hid&& other) noexcept : id_(other.id_), close_(other.close_) { other.id_ = -1; }
-  Hid& operator=(Hid&& other) noexcept;
-  Hid(const Hid&) = delete;
-  Hid& operator=(const Hid&) = delete;
-  ~Hid();
-  hid_t get() const { return id_; }
-  // Gives up ownership (to close it explicitly and check the result).
-  hid_t release() { return std::exchange(id_, -1); }
-
- private:
-  hid_t id_ = -1;
-  herr_t (*close_)(hid_t) = nullptr;
-};
 
 // This build's roundoff_version and git_commit attributes.
 std::string build_roundoff_version();
@@ -56,11 +39,9 @@ struct ExistingOutput {
   std::string status;            // "partial" or "complete"
   std::string roundoff_version;  // of the build that created it
   std::string git_commit;
+  std::optional<Shard> shard;    // a shard's file
 };
 ExistingOutput inspect_output(const std::string& path);
-
-// The one-line message for an output that another process holds (exit status 2).
-std::string in_use_message(const std::string& path);
 
 class OutputFile {
  public:
@@ -75,9 +56,12 @@ class OutputFile {
   // holds it open).
   static OutputFile open_for_resume(const SweepPlan& plan);
 
-  std::vector<std::uint8_t> read_done() const;
-  // Writes every replica's result of one point, then marks it done (not yet flushed).
-  void write_point(std::uint32_t point, const std::vector<RunResult>& replicas);
+  // [P * R], row-major: 1 where the run (point, replica) is written.
+  const std::vector<std::uint8_t>& done_replicas() const { return done_replicas_; }
+  // Writes the results of some replicas of one point (results[i] is replica
+  // work.replicas[i]) and marks them done; the point is done once all its replicas are
+  // (not yet flushed).
+  void write_point(const PointWork& work, const std::vector<RunResult>& results);
   void flush();
   // Sets status "complete" and flushes: call only after the last point is written.
   void mark_complete();
@@ -89,7 +73,8 @@ class OutputFile {
   // Open once: per-point writes would otherwise spend most of their time opening datasets.
   std::vector<Hid> metric_sets_, trace_sets_, trace_x_sets_, flag_sets_;  // in spec order
   std::map<std::string, Hid> fp_sets_;  // /fp_counts/* and /traps/*, by path
-  Hid done_set_;
+  Hid done_set_, done_replicas_set_;
+  std::vector<std::uint8_t> done_replicas_;
 };
 
 // What the summary table shows, read back from a file.
@@ -99,10 +84,11 @@ struct SweepSummary {
   std::vector<std::string> param_names;                 // in the experiment's order
   std::vector<std::vector<std::string>> param_values;   // [param][point], as spelled
   std::vector<std::vector<double>> headline;            // [point][replica]
-  std::vector<std::uint8_t> done;                       // [point]
-  // fp_exceptions, over the runs of finished points: runs that ended in a trap, the first
-  // of them ("point P replica R: REPORT"; by point, then replica), and the counted
-  // operations and the runs that counted any, per flag name.
+  std::vector<std::vector<std::uint8_t>> done;          // [point][replica]: the run is written
+  std::optional<Shard> shard;
+  // fp_exceptions, over the runs written: runs that ended in a trap, the first of them
+  // ("point P replica R: REPORT"; by point, then replica), and the counted operations and
+  // the runs that counted any, per flag name.
   std::uint64_t trapped_runs = 0;
   std::string first_trap;
   std::map<std::string, std::uint64_t> counted_operations, counted_runs;

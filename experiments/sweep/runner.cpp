@@ -3,15 +3,13 @@
 #include <tbb/blocked_range.h>
 #include <tbb/global_control.h>
 #include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
+#include <tbb/task_arena.h>
 
 #include <algorithm>
-#include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <limits>
-#include <mutex>
 #include <optional>
-#include <thread>
 
 namespace roundoff::sweep {
 namespace {
@@ -103,118 +101,241 @@ class ProgressBar {
 
 }  // namespace
 
-RunReport run_plan(const SweepPlan& plan, OutputFile& output, const std::vector<std::uint8_t>& done,
-                   const RunOptions& options, std::atomic<bool>& stop) {
-  const Experiment& experiment = *plan.experiment;
+ItemOutcome run_item(const SweepPlan& plan, WorkItem item, const std::atomic<bool>& stop) {
+  ItemOutcome outcome;
+  outcome.item = item;
+  const RunEnv env{emu::StreamId{plan.seed, item.point, item.replica, 0}, &stop};
+  const std::string where = "point " + std::to_string(item.point) + " replica " + std::to_string(item.replica) + ": ";
+  try {
+    outcome.result = plan.experiment->run(plan.points[item.point], env);
+    check_result(*plan.experiment, plan.trace_lengths.empty() ? -1 : plan.trace_lengths[item.point], outcome.result);
+  } catch (const Cancelled&) {
+    outcome.kind = ItemOutcome::Kind::cancelled;
+  } catch (const emu::FpException& e) {
+    outcome.result = trapped_run(*plan.experiment, e.report());  // the run's outcome, not a failure
+  } catch (const BadInput& e) {
+    outcome.kind = ItemOutcome::Kind::bad_input;
+    outcome.message = plan.config_path + ": " + where + e.what();
+  } catch (const std::exception& e) {
+    outcome.kind = ItemOutcome::Kind::failure;
+    outcome.message = where + e.what();
+  }
+  if (outcome.kind != ItemOutcome::Kind::ok) outcome.result = RunResult{};
+  return outcome;
+}
+
+namespace {
+
+// -j N: at most N threads run experiments (oneTBB counts the calling thread in this limit).
+std::optional<tbb::global_control> thread_limit(int threads) {
+  if (threads <= 0) return std::nullopt;
+  return std::optional<tbb::global_control>(std::in_place, tbb::global_control::max_allowed_parallelism,
+                                            static_cast<std::size_t>(threads));
+}
+
+}  // namespace
+
+ComputePool::ComputePool(const SweepPlan& plan, int threads, const std::atomic<bool>& stop)
+    : plan_(plan), stop_(stop),
+      threads_(threads > 0 ? static_cast<std::size_t>(threads) : static_cast<std::size_t>(tbb::this_task_arena::max_concurrency())) {
+  driver_ = std::thread([this, threads] {
+    const auto limit = thread_limit(threads);
+    // One long-lived task per thread, each taking items from the queue in order until it
+    // is closed and empty, so that runs start in the order they were added whatever
+    // oneTBB's scheduling, and a point's replicas finish close together.
+    tbb::parallel_for(
+        tbb::blocked_range<std::size_t>(0, threads_, 1),
+        [this](const tbb::blocked_range<std::size_t>& range) {
+          for (std::size_t i = range.begin(); i != range.end(); ++i) work_loop();
+        },
+        tbb::simple_partitioner());
+  });
+}
+
+ComputePool::~ComputePool() {
+  {
+    std::lock_guard lock(mutex_);
+    closed_ = true;
+    queue_.clear();
+  }
+  wake_workers_.notify_all();
+  driver_.join();
+}
+
+void ComputePool::work_loop() {
+  for (;;) {
+    WorkItem item;
+    {
+      std::unique_lock lock(mutex_);
+      // A signal handler sets stop_ without notifying: look again every 100 ms.
+      while (!stop_.load() && queue_.empty() && !closed_) wake_workers_.wait_for(lock, std::chrono::milliseconds(100));
+      if (stop_.load() || queue_.empty()) return;
+      item = queue_.front();
+      queue_.pop_front();
+      ++running_;
+    }
+    ItemOutcome outcome = run_item(plan_, item, stop_);
+    {
+      std::lock_guard lock(mutex_);
+      --running_;
+      outcomes_.push_back(std::move(outcome));
+    }
+    wake_taker_.notify_one();
+  }
+}
+
+void ComputePool::add(const std::vector<WorkItem>& items) {
+  {
+    std::lock_guard lock(mutex_);
+    if (closed_ || stop_.load()) return;
+    queue_.insert(queue_.end(), items.begin(), items.end());
+  }
+  wake_workers_.notify_all();
+}
+
+std::vector<WorkItem> ComputePool::take(std::size_t n) {
+  std::lock_guard lock(mutex_);
+  n = std::min(n, queue_.size());
+  std::vector<WorkItem> items(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(n));
+  queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(n));
+  return items;
+}
+
+void ComputePool::close() {
+  {
+    std::lock_guard lock(mutex_);
+    closed_ = true;
+  }
+  wake_workers_.notify_all();
+}
+
+void ComputePool::wake_on_stop() {
+  {
+    std::lock_guard lock(mutex_);
+    queue_.clear();
+  }
+  wake_workers_.notify_all();
+}
+
+std::vector<ItemOutcome> ComputePool::wait_for_outcomes(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  wake_taker_.wait_for(lock, timeout, [&] { return !outcomes_.empty(); });
+  return std::exchange(outcomes_, {});
+}
+
+std::size_t ComputePool::pending() const {
+  std::lock_guard lock(mutex_);
+  return queue_.size() + running_;
+}
+
+bool ComputePool::idle() const {
+  std::lock_guard lock(mutex_);
+  return (closed_ || stop_.load()) && queue_.empty() && running_ == 0 && outcomes_.empty();
+}
+
+RunReport run_plan(const SweepPlan& plan, OutputFile& output, const std::vector<PointWork>& work, const RunOptions& options,
+                   std::atomic<bool>& stop, RemoteWorkers* remote) {
   const std::size_t replicas = plan.replicas;
   const auto start = Clock::now();
 
-  std::vector<std::uint32_t> pending;  // point indices still to run
-  for (std::size_t p = 0; p < plan.points.size(); ++p)
-    if (!done[p]) pending.push_back(static_cast<std::uint32_t>(p));
+  // The runs still to do, by point: those the file does not yet mark done.
+  const std::vector<std::uint8_t>& done = output.done_replicas();
+  std::vector<PointWork> pending;
+  for (const PointWork& w : work) {
+    PointWork rest{w.point, {}};
+    for (std::uint32_t r : w.replicas)
+      if (!done[w.point * replicas + r]) rest.replicas.push_back(r);
+    if (!rest.replicas.empty()) pending.push_back(std::move(rest));
+  }
   RunReport report;
-  report.n_points = plan.points.size();
-  report.points_done = plan.points.size() - pending.size();
+  report.n_points = work.size();
+  report.points_done = work.size() - pending.size();
 
-  std::vector<RunResult> results(pending.size() * replicas);  // [pending slot][replica]
-  std::vector<std::atomic<std::uint32_t>> replicas_left(pending.size());
-  for (auto& left : replicas_left) left.store(static_cast<std::uint32_t>(replicas));
+  // Results wait per point until all its pending replicas are in.
+  struct Slot {
+    std::vector<RunResult> results;
+    std::vector<bool> arrived;
+    std::size_t left = 0;
+  };
+  std::vector<Slot> slots(pending.size());
+  std::vector<std::int64_t> slot_of_point(plan.points.size(), -1);
+  std::vector<WorkItem> items;
+  for (std::size_t s = 0; s < pending.size(); ++s) {
+    slot_of_point[pending[s].point] = static_cast<std::int64_t>(s);
+    slots[s].left = pending[s].replicas.size();
+    slots[s].arrived.assign(pending[s].replicas.size(), false);
+    for (std::uint32_t r : pending[s].replicas) items.push_back({pending[s].point, r});
+  }
 
-  std::mutex mutex;
-  std::condition_variable wake_writer;
-  std::vector<std::size_t> finished_slots;  // points whose replicas all finished, not yet written
-  bool compute_over = false;
   std::string failure;  // the first experiment failure
   bool failure_is_bad_input = false;
-
-  std::optional<tbb::global_control> thread_limit;
-  if (options.threads > 0)
-    thread_limit.emplace(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(options.threads));
-
-  std::thread compute([&] {
-    const auto fail = [&](const std::string& message, bool bad_input = false) {
-      std::lock_guard lock(mutex);
+  bool unflushed = false;
+  const auto deliver = [&](ItemOutcome&& outcome) {
+    if (outcome.kind == ItemOutcome::Kind::cancelled) return;
+    if (outcome.kind != ItemOutcome::Kind::ok) {
       if (failure.empty()) {
-        failure = message;
-        failure_is_bad_input = bad_input;
+        failure = outcome.message;
+        failure_is_bad_input = outcome.kind == ItemOutcome::Kind::bad_input;
       }
       stop.store(true);
-    };
-    try {
-      tbb::parallel_for(tbb::blocked_range<std::size_t>(0, results.size()), [&](const tbb::blocked_range<std::size_t>& range) {
-        for (std::size_t task = range.begin(); task != range.end(); ++task) {
-          if (stop.load(std::memory_order_relaxed)) return;
-          const std::size_t slot = task / replicas;
-          const std::uint32_t point = pending[slot];
-          const auto replica = static_cast<std::uint32_t>(task % replicas);
-          const RunEnv env{emu::StreamId{plan.seed, point, replica, 0}, &stop};
-          try {
-            RunResult result = experiment.run(plan.points[point], env);
-            check_result(experiment, plan.trace_lengths.empty() ? -1 : plan.trace_lengths[point], result);
-            results[task] = std::move(result);
-          } catch (const Cancelled&) {
-            return;
-          } catch (const emu::FpException& e) {
-            results[task] = trapped_run(experiment, e.report());  // the run's outcome, not a failure
-          } catch (const BadInput& e) {
-            fail(plan.config_path + ": point " + std::to_string(point) + " replica " + std::to_string(replica) + ": " +
-                     e.what(),
-                 true);
-            return;
-          } catch (const std::exception& e) {
-            fail("point " + std::to_string(point) + " replica " + std::to_string(replica) + ": " + e.what());
-            return;
-          }
-          if (replicas_left[slot].fetch_sub(1) == 1) {
-            std::lock_guard lock(mutex);
-            finished_slots.push_back(slot);
-            wake_writer.notify_one();
-          }
-        }
-      });
-    } catch (const std::exception& e) {
-      fail(e.what());
+      return;
     }
-    std::lock_guard lock(mutex);
-    compute_over = true;
-    wake_writer.notify_one();
-  });
+    const WorkItem item = outcome.item;
+    const auto unexpected = [&] {
+      return std::logic_error("a result arrived for point " + std::to_string(item.point) + " replica " +
+                              std::to_string(item.replica) + ", which was not handed out or arrived twice");
+    };
+    if (item.point >= slot_of_point.size() || slot_of_point[item.point] < 0) throw unexpected();
+    const auto s = static_cast<std::size_t>(slot_of_point[item.point]);
+    Slot& slot = slots[s];
+    const std::vector<std::uint32_t>& wanted = pending[s].replicas;
+    const auto at = std::lower_bound(wanted.begin(), wanted.end(), item.replica);
+    const auto index = static_cast<std::size_t>(at - wanted.begin());
+    if (at == wanted.end() || *at != item.replica || slot.arrived[index]) throw unexpected();
+    if (slot.results.empty()) slot.results.resize(wanted.size());
+    slot.results[index] = std::move(outcome.result);
+    slot.arrived[index] = true;
+    if (--slot.left == 0) {
+      output.write_point(pending[s], slot.results);
+      slot.results = {};
+      ++report.points_done;
+      unflushed = true;
+    }
+  };
 
   ProgressBar bar(options.progress, report.n_points, report.points_done);
-  // Flushing costs a few milliseconds: at most every 200 ms, and once at the end.
+  // Flushing costs a few milliseconds: at most every 200 ms, at a stop (an MPI job is
+  // killed a second after its ranks are asked to stop) and once at the end.
   constexpr auto kFlushInterval = std::chrono::milliseconds(200);
   auto last_flush = Clock::now();
-  bool unflushed = false;
+  ComputePool pool(plan, options.threads, stop);
+  pool.add(items);
+  pool.close();
   try {
-    for (bool over = false; !over;) {
-      std::vector<std::size_t> batch;
-      {
-        std::unique_lock lock(mutex);
-        wake_writer.wait_for(lock, std::chrono::milliseconds(100), [&] { return !finished_slots.empty() || compute_over; });
-        batch.swap(finished_slots);
-        over = compute_over;  // then nothing more can arrive after this batch
+    for (bool stop_seen = false;;) {
+      for (ItemOutcome& outcome : pool.wait_for_outcomes(remote ? remote->poll_interval() : std::chrono::milliseconds(100)))
+        deliver(std::move(outcome));
+      if (remote) remote->exchange(pool, stop.load(), deliver);
+      const bool stop_now = stop.load() && !stop_seen;
+      if (stop_now) {
+        stop_seen = true;
+        pool.wake_on_stop();
       }
-      for (std::size_t slot : batch) {
-        const auto first = results.begin() + static_cast<std::ptrdiff_t>(slot * replicas);
-        output.write_point(pending[slot], std::vector<RunResult>(std::make_move_iterator(first),
-                                                                 std::make_move_iterator(first + static_cast<std::ptrdiff_t>(replicas))));
-        ++report.points_done;
-        unflushed = true;
-      }
-      if (unflushed && (over || Clock::now() - last_flush >= kFlushInterval)) {
+      if (unflushed && (stop_now || Clock::now() - last_flush >= kFlushInterval)) {
         output.flush();
         last_flush = Clock::now();
         unflushed = false;
       }
       bar.update(report.points_done);
+      if (pool.idle() && (!remote || remote->finished())) break;
     }
+    if (unflushed) output.flush();
   } catch (...) {
     stop.store(true);
-    compute.join();
+    pool.wake_on_stop();
     bar.finish(report.points_done);
     throw;
   }
-  compute.join();
   bar.finish(report.points_done);
 
   report.complete = report.points_done == report.n_points;

@@ -10,12 +10,15 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "../fp_counts.hpp"
 #include "emu/amp.hpp"
 #include "emu/unit.hpp"
+#include "tests/gemm_problem.hpp"
 
 using namespace emu;
 
@@ -24,8 +27,10 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kFloatMax = std::numeric_limits<float>::max();
 
-std::size_t pick(Rng& rng, std::size_t n) { return static_cast<std::size_t>(rng.next_u64() % n); }
-double sign(Rng& rng) { return (rng.next_u64() & 1) ? -1.0 : 1.0; }
+using gemm_test::pick;
+using gemm_test::Problem;
+using gemm_test::sign;
+using gemm_test::simd_build;
 
 // An fp16 value with a binary exponent in [lo, hi] (subnormal below -14).
 double half_in(Rng& rng, int lo, int hi) {
@@ -86,19 +91,9 @@ double partial_value(Rng& rng, Inputs kind, bool half_partials) {
   }
 }
 
-struct Problem {
-  std::size_t m, n, k;
-  std::vector<double> A, B, C;  // row-major, lda = k + 1, ldb = n + 3, ldc = n + 2
-  std::size_t lda() const { return k + 1; }
-  std::size_t ldb() const { return n + 3; }
-  std::size_t ldc() const { return n + 2; }
-};
 
 Problem make_problem(Rng& rng, std::size_t m, std::size_t n, std::size_t k, Inputs kind, bool half_partials) {
-  Problem p{m, n, k, {}, {}, {}};
-  p.A.assign(m * p.lda(), 0.0);
-  p.B.assign(k * p.ldb(), 0.0);
-  p.C.assign(m * p.ldc(), 0.0);
+  Problem p = gemm_test::zero_problem(m, n, k);
   for (std::size_t i = 0; i < m; ++i)
     for (std::size_t q = 0; q < k; ++q) p.A[i * p.lda() + q] = input_value(rng, kind);
   for (std::size_t q = 0; q < k; ++q)
@@ -131,27 +126,34 @@ std::uint64_t bits(double x) { return std::bit_cast<std::uint64_t>(x); }
 bool half_partials(const AmpConfig& cfg) { return cfg.partials == fp16(); }
 
 // C = A B + C through gemm and, element by element in row-major order, through dot
-// (AmpRun's exact path) under equal contexts: the results, the flags and, where a trap
-// throws, the elements written before it must agree.
+// (AmpRun's exact path) under equal contexts, each dot as its gemm element: the
+// results, the flags, the counts (scope "gemm") and, where a trap throws, its report
+// and the elements written before it must agree.
 void compare(const MatrixUnit& unit, const FpControl& control, const Problem& p, const std::string& what) {
   Context fast_ctx(control, Rng(StreamId{77})), exact_ctx(control, Rng(StreamId{77}));
   std::vector<double> fast = p.C, exact = p.C;
-  bool fast_threw = false, exact_threw = false;
+  std::optional<TrapReport> fast_trap, exact_trap;
   try {
+    Scope scope(fast_ctx, "gemm");
     unit.gemm(fast_ctx, p.m, p.n, p.k, p.A.data(), p.lda(), p.B.data(), p.ldb(), fast.data(), p.ldc());
-  } catch (const FpException&) {
-    fast_threw = true;
+  } catch (const FpException& e) {
+    fast_trap = e.report();
   }
   try {
+    Scope scope(exact_ctx, "gemm");
     for (std::size_t i = 0; i < p.m; ++i)
-      for (std::size_t j = 0; j < p.n; ++j)
+      for (std::size_t j = 0; j < p.n; ++j) {
+        const auto element = fp_counts::gemm_element(exact_ctx, i, j, p.n);
         exact[i * p.ldc() + j] = unit.dot(exact_ctx, p.k, p.A.data() + i * p.lda(), 1, p.B.data() + j, p.ldb(),
                                           exact[i * p.ldc() + j]);
-  } catch (const FpException&) {
-    exact_threw = true;
+      }
+  } catch (const FpException& e) {
+    exact_trap = e.report();
   }
   INFO(what << " m " << p.m << " n " << p.n << " k " << p.k);
-  REQUIRE(fast_threw == exact_threw);
+  REQUIRE(fast_trap.has_value() == exact_trap.has_value());
+  if (fast_trap) fp_counts::check_same_report(*fast_trap, *exact_trap);
+  fp_counts::check_same_counts(fast_ctx.counts(), exact_ctx.counts());
   for (std::size_t i = 0; i < p.m; ++i)
     for (std::size_t j = 0; j < p.n; ++j) {
       const double x = fast[i * p.ldc() + j], y = exact[i * p.ldc() + j];
@@ -182,14 +184,6 @@ void sweep(const MatrixUnit& unit, const FpControl& control, bool half_partials,
   }
 }
 
-bool vectorised_build() {
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  return true;
-#else
-  return false;
-#endif
-}
-
 }  // namespace
 
 TEST_CASE("AMP gemm's vectorised path is bit- and flag-identical to the exact path", "[amp][fast]") {
@@ -209,20 +203,20 @@ TEST_CASE("AMP gemm's vectorised path is bit- and flag-identical to the exact pa
   saturate.overflow = Overflow::saturate;
   nanoo.overflow = Overflow::nan;
   esr.esr = true;
-  if (!vectorised_build())
+  if (!simd_build())
     WARN("built without AVX2/FMA/F16C: gemm takes the exact path, which this test then checks against dot");
   std::uint64_t seed = 100;
   for (const Unit& u : units) {
     const auto unit = make_amp_unit(u.cfg);
     for (const FpControl& control : {FpControl{}, saturate, nanoo}) {
       INFO(u.name << ", overflow " << overflow_name(control.overflow));
-      CHECK(amp_gemm_is_vectorised(Context(control), u.cfg) == vectorised_build());
+      CHECK(amp_gemm_is_vectorised(Context(control), u.cfg) == simd_build());
       sweep(*unit, control, half_partials(u.cfg), seed++);
     }
     // fp32 partials ignore esr (the accumulator rounds RNE): still vectorised.
     INFO(u.name << " with esr");
     CHECK(amp_gemm_is_vectorised(Context(esr), u.cfg) ==
-          (vectorised_build() && !half_partials(u.cfg) && u.cfg.output == fp32()));
+          (simd_build() && !half_partials(u.cfg) && u.cfg.output == fp32()));
     sweep(*unit, esr, half_partials(u.cfg), seed++);
   }
 }
@@ -240,7 +234,7 @@ TEST_CASE("AMP gemm under other configurations and contexts equals the exact pat
     const auto unit = make_amp_unit(cfg);
     for (const FpControl& control : {FpControl{}, trap_overflow, toward_zero}) {
       CHECK(amp_gemm_is_vectorised(Context(control), cfg) ==
-            (vectorised_build() && control.traps == 0 && control.rounding == Rounding::rne &&
+            (simd_build() && control.traps == 0 && control.rounding == Rounding::rne &&
              cfg.alignment_bits == AmpConfig::kExactPhase));
       sweep(*unit, control, half_partials(cfg), seed++);
     }
@@ -302,5 +296,82 @@ TEST_CASE("AMP gemm: a host rounding mode other than to-nearest turns the vector
     CHECK_FALSE(amp_gemm_is_vectorised(Context(), cfg));
     compare(*unit, FpControl{}, p, "host rounding upward");
   }
-  CHECK(amp_gemm_is_vectorised(Context(), cfg) == vectorised_build());
+  CHECK(amp_gemm_is_vectorised(Context(), cfg) == simd_build());
+}
+
+TEST_CASE("AMP gemm counting OFLO, DIV0 and INV stays vectorised; results and counts equal the exact path",
+          "[amp][fast]") {
+  // A training step with fp_exceptions: count must stay fast: the flags it counts only
+  // come from lanes the kernel hands to the exact model, which report their element.
+  FpControl count, count_saturate, count_nanoo, count_inexact, count_uflo;
+  count.counted = OFLO | DIV0 | INV;
+  count_saturate = count;
+  count_saturate.overflow = Overflow::saturate;
+  count_nanoo = count;
+  count_nanoo.overflow = Overflow::nan;
+  count_inexact.counted = OFLO | INEXACT;
+  count_uflo.counted = UFLO;
+  std::uint64_t seed = 500;
+  for (const AmpConfig& cfg : {amp_config(PartialsType::float32), amp_config(PartialsType::half),
+                               amp_config(PartialsType::float32, fp16(), fp16())}) {
+    const auto unit = make_amp_unit(cfg);
+    for (const FpControl& control : {count, count_saturate, count_nanoo}) {
+      CHECK(amp_gemm_is_vectorised(Context(control), cfg) == simd_build());
+      sweep(*unit, control, half_partials(cfg), seed++);
+    }
+    // Counting INEXACT or UFLO per element needs the exact path (the kernel raises
+    // INEXACT once per call); it still equals the elements one by one.
+    for (const FpControl& control : {count_inexact, count_uflo}) {
+      CHECK_FALSE(amp_gemm_is_vectorised(Context(control), cfg));
+      sweep(*unit, control, half_partials(cfg), seed++);
+    }
+  }
+}
+
+TEST_CASE("AMP gemm counts in element order what the kernel meets out of order", "[amp][fast]") {
+  // Overflows in a few elements of a 6 x 40 product (three tiles of 16 columns, several
+  // chunks of phases): the kernel meets (4, 3) in tile 0 before (0, 33) in tile 2 and
+  // a late phase of (1, 5) after an early phase of (2, 6); the counts must name the
+  // row-major first, (0, 33), and count each element once even where a saturating fp16
+  // partial overflows again in later phases.
+  const std::size_t m = 6, n = 40, k = 160;
+  // fp16 partials overflow in the phase of the big products; fp32 partials with an fp16
+  // output (f16v4sihoamp) when the last pass rounds into fp16.
+  for (const AmpConfig& cfg : {amp_config(PartialsType::half), amp_config(PartialsType::float32, fp16(), fp16())}) {
+    Problem p{m, n, k, {}, {}, {}};
+    p.A.assign(m * p.lda(), 0.0);
+    p.B.assign(k * p.ldb(), 0.0);
+    p.C.assign(m * p.ldc(), 0.0);
+    Rng rng(StreamId{600});
+    for (double& a : p.A) a = half_in(rng, -2, 1);
+    for (double& b : p.B) b = half_in(rng, -2, 1);
+    // Two products 256 * 256 in one phase of element (i, j): 131072, far past 65504
+    // whatever the other (small) products add.
+    auto blow_up = [&](std::size_t i, std::size_t j, std::size_t q) {
+      for (std::size_t r : {q, q + 1}) {
+        p.A[i * p.lda() + r] = 256.0;
+        p.B[r * p.ldb() + j] = 256.0;
+      }
+    };
+    blow_up(4, 3, 2);
+    blow_up(0, 33, 150);
+    blow_up(1, 5, 140);
+    blow_up(2, 6, 9);
+    const auto unit = make_amp_unit(cfg);
+    for (Overflow overflow : {Overflow::inf, Overflow::saturate, Overflow::nan}) {
+      FpControl control;
+      control.counted = OFLO | DIV0 | INV;
+      control.overflow = overflow;
+      INFO((half_partials(cfg) ? "half" : "float") << " partials, overflow " << overflow_name(overflow));
+      compare(*unit, control, p, "scattered overflows");
+      Context ctx(control);
+      std::vector<double> C = p.C;
+      unit->gemm(ctx, m, n, k, p.A.data(), p.lda(), p.B.data(), p.ldb(), C.data(), p.ldc());
+      REQUIRE_FALSE(ctx.counts().empty());
+      CHECK(ctx.counts()[0].flag == OFLO);
+      CHECK(ctx.counts()[0].op == "amp");
+      CHECK(ctx.counts()[0].first_element.to_string() == "[0, 33]");
+      CHECK(ctx.counts()[0].count == 4);
+    }
+  }
 }

@@ -305,6 +305,47 @@ TEST_CASE("amp_conv2d honours esr and traps of the context", "[amp][conv][sr]") 
   CHECK((trapping.status() & OFLO) != 0);
 }
 
+TEST_CASE("amp_conv2d reports the element [n, o, y, x] of its counts and traps", "[amp][conv]") {
+  // N 2, C 3, 4 x 5 input, O 3, 3 x 3 kernel, stride 1, padding 1: output 2 x 3 x 4 x 5.
+  // The input at (n 1, c 2, row 2, col 3) and the weights of (o 2, c 2, ky 1, kx 1) are
+  // 256: that product lands (among others) in output [1, 2, 2, 3], 65536 past fp16's
+  // range; the outputs whose kernel covers the big input in other positions see products
+  // of 256 with ordinary weights only.
+  const Conv2dShape s = shape(2, 3, 4, 5, 3, 3, 3, 1, 1, 1, 1);
+  std::vector<double> input(s.input_size(), 0.5), weights(s.weights_size(), 0.25);
+  input[((1 * 3 + 2) * 4 + 2) * 5 + 3] = 256.0;
+  weights[((2 * 3 + 2) * 3 + 1) * 3 + 1] = 256.0;
+  const AmpConfig cfg = amp_config(PartialsType::half);
+  const std::int64_t flat = ((1 * 3 + 2) * 4 + 2) * 5 + 3;  // NOHW
+  FpControl count;
+  count.counted = OFLO;
+  Context counting(count);
+  {
+    Scope scope(counting, "conv1");
+    const std::vector<double> out = amp_conv2d(counting, cfg, s, input, weights);
+    CHECK(std::isinf(out[static_cast<std::size_t>(flat)]));
+  }
+  REQUIRE(counting.counts().size() == 1);
+  const OpCount& c = counting.counts()[0];
+  CHECK(c.scope == "conv1");
+  CHECK(c.op == "amp");
+  CHECK(c.count == 1);
+  CHECK(c.first_element.flat == flat);
+  CHECK(c.first_element.to_string() == "[1, 2, 2, 3]");
+  CHECK(std::isinf(c.first_result));
+  FpControl trap;
+  trap.traps = OFLO;
+  Context trapping(trap);
+  try {
+    amp_conv2d(trapping, cfg, s, input, weights);
+    FAIL("no trap");
+  } catch (const FpException& e) {
+    CHECK(e.report().flag == OFLO);
+    CHECK(e.report().element.to_string() == "[1, 2, 2, 3]");
+    CHECK(std::isinf(e.report().result));
+  }
+}
+
 TEST_CASE("amp_conv2d refuses malformed arguments", "[amp][conv]") {
   Context ctx;
   const AmpConfig cfg = amp_config(PartialsType::float32);

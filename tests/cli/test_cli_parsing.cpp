@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "emu/format.hpp"
 #include "expression.hpp"
 #include "number.hpp"
+#include "options.hpp"
 
 namespace mp = boost::multiprecision;
 using emu::cli::parse_number;
@@ -337,7 +339,8 @@ TEST_CASE("expression parser: precedence, associativity, signs", "[cli]") {
 TEST_CASE("expression evaluation: every literal and operation rounded once", "[cli]") {
   const auto eval = [](const char* text, const emu::Format& f, emu::Flags& flags) {
     emu::Context ctx;
-    const double v = emu::cli::evaluate(*emu::cli::parse_expression(text), f, ctx);
+    emu::cli::RaisedBy raised_by;
+    const double v = emu::cli::evaluate(*emu::cli::parse_expression(text), f, ctx, raised_by);
     flags = ctx.status();
     return v;
   };
@@ -629,4 +632,126 @@ TEST_CASE("parse_number: below 2^-1127 (hex) or 10^-339 (decimal) only the sign 
     INFO(text);
     CHECK(parse_number(text).hi == std::ldexp(1.0, -1074));
   }
+}
+
+namespace {
+
+struct Evaluated {
+  double value;
+  emu::Flags flags;
+  emu::cli::RaisedBy raised_by;
+};
+
+Evaluated evaluate_text(const char* text, const emu::Format& f, emu::FpControl control = {}) {
+  emu::Context ctx(control);
+  Evaluated r{0, 0, {}};
+  r.value = emu::cli::evaluate(*emu::cli::parse_expression(text), f, ctx, r.raised_by);
+  r.flags = ctx.status();
+  return r;
+}
+
+// The first operation that raised `flag`, as "op@column(operands)", or "" if none.
+std::string first(const Evaluated& r, emu::Flag flag) {
+  const emu::cli::Operation* o = r.raised_by.first(flag);
+  if (o == nullptr) return "";
+  std::string s = o->op + "@" + std::to_string(o->column) + "(";
+  for (std::size_t i = 0; i < o->operands.size(); ++i) {
+    if (i > 0) s += ',';
+    s += emu::cli::json_number(o->operands[i]);
+  }
+  return s + ")";
+}
+
+}  // namespace
+
+TEST_CASE("raised_by: per flag the first operation that raised it, as written, left to right", "[cli][provenance]") {
+  const emu::Format& h = emu::fp16();
+  const Evaluated a = evaluate_text("0.1 + 300 * 300", h);
+  CHECK(first(a, emu::OFLO) == "*@11(300,300)");
+  CHECK(first(a, emu::INEXACT) == "round@1(0.1)");
+  CHECK(a.raised_by.first(emu::INEXACT)->text == "0.1");
+  CHECK(first(a, emu::DIV0).empty());
+  CHECK(first(a, emu::UFLO).empty());
+  CHECK(first(a, emu::INV).empty());
+  // Only the first DIV0 (column 8) is named; inf/0 raises nothing (IEEE 754 7.3).
+  const Evaluated b = evaluate_text("1/3 + 1/0 + 2/0 + inf/0", h);
+  CHECK(first(b, emu::INEXACT) == "/@2(1,3)");
+  CHECK(first(b, emu::DIV0) == "/@8(1,0.0)");
+  CHECK(b.flags == (emu::INEXACT | emu::DIV0));
+  CHECK(first(evaluate_text("2 * (inf - inf)", h), emu::INV) == "-@10(\"inf\",\"inf\")");
+  // Negation is exact and raises nothing: the product inside it is named.
+  CHECK(first(evaluate_text("-(300 * 300)", h), emu::OFLO) == "*@7(300,300)");
+  // 0.001 is inexact in fp16 (the literal at column 2 first); its square is tiny.
+  const Evaluated tiny = evaluate_text("(0.001 * 0.001) * 2", h);
+  CHECK(first(tiny, emu::INEXACT) == "round@2(0.001)");
+  CHECK(tiny.raised_by.first(emu::UFLO)->op == "*");
+  CHECK(tiny.raised_by.first(emu::UFLO)->column == 8);
+  // Tininess after rounding: 2^-14 - 2^-27 rounds (unbounded exponent) to 2^-14: no UFLO.
+  emu::FpControl after;
+  after.tininess = emu::Tininess::after;
+  CHECK(first(evaluate_text("0x1.fffp-15 * 1", h), emu::UFLO) == "round@1(6.1027705669403076e-05)");
+  CHECK(first(evaluate_text("0x1.fffp-15 * 1", h, after), emu::UFLO).empty());
+  CHECK(evaluate_text("0x1.fffp-15 * 1", h, after).flags == emu::INEXACT);
+}
+
+TEST_CASE("evaluation traps at the first enabled exception, named as written", "[cli][provenance]") {
+  const emu::Format& h = emu::fp16();
+  auto trap_of = [&](const char* text, emu::Flags traps) -> std::optional<emu::cli::ExpressionTrap> {
+    emu::FpControl control;
+    control.traps = traps;
+    try {
+      evaluate_text(text, h, control);
+    } catch (const emu::cli::ExpressionTrap& t) {
+      return t;
+    }
+    return std::nullopt;
+  };
+  const emu::Flags ipu = emu::OFLO | emu::DIV0 | emu::INV;
+  CHECK_FALSE(trap_of("1 + 2 * 3 + 0.1", ipu));
+  const auto div0 = trap_of("1 / 0 + 300 * 300", ipu);
+  REQUIRE(div0);
+  CHECK(div0->report.flag == emu::DIV0);
+  CHECK(div0->operation.op == "/");
+  CHECK(div0->operation.column == 3);
+  CHECK(div0->operation.operands == std::vector<double>{1, 0});
+  CHECK(div0->report.result == std::numeric_limits<double>::infinity());
+  CHECK(div0->report.fp_sts() == 2u);
+  // Only OFLO enabled: DIV0 passes (in the status) and the product traps.
+  const auto oflo = trap_of("1 / 0 + 300 * 300", emu::OFLO);
+  REQUIRE(oflo);
+  CHECK(oflo->report.flag == emu::OFLO);
+  CHECK((oflo->operation.op == "*" && oflo->operation.column == 13));
+  CHECK(oflo->report.status == (emu::DIV0 | emu::OFLO | emu::INEXACT));
+  CHECK(oflo->report.fp_sts() == 6u);
+  // inf/0 does not trap DIV0; 0/0 traps INV.
+  CHECK_FALSE(trap_of("inf / 0", emu::DIV0));
+  const auto inv = trap_of("inf / 0 + 0 / 0", ipu);
+  REQUIRE(inv);
+  CHECK((inv->report.flag == emu::INV && inv->operation.column == 13));
+  // INEXACT can trap too: the literal 0.1's rounding.
+  const auto inexact = trap_of("1 + 0.1", emu::INEXACT);
+  REQUIRE(inexact);
+  CHECK((inexact->operation.op == "round" && inexact->operation.column == 5 && inexact->operation.text == "0.1"));
+}
+
+TEST_CASE("options: --trap flag lists and --tininess", "[cli][provenance]") {
+  using emu::cli::trap_flags;
+  using emu::cli::UsageError;
+  CHECK(trap_flags("oflo,div0,inv") == (emu::OFLO | emu::DIV0 | emu::INV));
+  CHECK(trap_flags("INV") == emu::INV);
+  CHECK(trap_flags("uflo,Inexact") == (emu::UFLO | emu::INEXACT));
+  CHECK_THROWS_AS(trap_flags(""), UsageError);
+  CHECK_THROWS_AS(trap_flags("oflo,,inv"), UsageError);
+  CHECK_THROWS_AS(trap_flags("overflow"), UsageError);
+  const auto context = [](std::vector<std::string> args) {
+    auto known = emu::cli::rounding_options();
+    known.push_back({"--trap", true});
+    return emu::cli::context_from(emu::cli::parse_options("eval", args, known));
+  };
+  CHECK(context({}).control.tininess == emu::Tininess::before);
+  CHECK(context({}).control.traps == 0);
+  CHECK(context({"--tininess", "after"}).control.tininess == emu::Tininess::after);
+  CHECK(context({"--tininess=before", "--trap", "oflo"}).control.traps == emu::OFLO);
+  CHECK_THROWS_AS(context({"--tininess", "during"}), UsageError);
+  CHECK_THROWS_AS(context({"--trap", "oflo,bogus"}), UsageError);
 }

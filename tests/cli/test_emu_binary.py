@@ -3,7 +3,7 @@ JSON shape, exit statuses, overflow policies, fp8-e4m3, stochastic rounding seed
 dot/gemm, and 100,000 values on standard input. The oracle is an exact rounding written
 here with Python's fractions, independently of the C++ code.
 
-usage: /usr/bin/python3 test_emu_binary.py path/to/emu
+usage: /usr/bin/python3 test_emu_binary.py path/to/emu [path/to/sweep]
 """
 import json
 import random
@@ -13,6 +13,7 @@ import time
 from fractions import Fraction
 
 EMU = sys.argv[1]
+SWEEP = sys.argv[2] if len(sys.argv) > 2 else None
 failures = []
 
 
@@ -47,8 +48,28 @@ class Fmt:
         self.max = top_significand * Fraction(2) ** self.emax
         self.min_normal = Fraction(2) ** self.emin
 
-    def round(self, x, mode="rne"):
-        """x: a Fraction. Returns (value as Fraction or 'inf'/'-inf'/'nan', flags set)."""
+    @staticmethod
+    def rounds_up(n, rest, q, mode, sign):
+        if mode == "rne":
+            return rest * 2 > q or (rest * 2 == q and n % 2 == 1)
+        if mode == "rna":
+            return rest * 2 >= q
+        if mode == "ro":
+            return rest > 0 and n % 2 == 0
+        if mode == "rz":
+            return False
+        if mode == "ru":
+            return rest > 0 and sign > 0
+        if mode == "rd":
+            return rest > 0 and sign < 0
+        raise ValueError(mode)
+
+    def round(self, x, mode="rne", tininess="before", subnormals=True):
+        """x: a Fraction. Returns (value as Fraction or 'inf'/'-inf'/'nan', flags set).
+        Tininess (IEEE 754 7.5): before rounding |x| < min_normal; after rounding, x
+        rounded to the format's precision with an unbounded exponent is below it.
+        Without subnormals a tiny x flushes to signed zero, a non-tiny x below
+        min_normal (only after rounding) gives min_normal."""
         flags = set()
         if x == 0:
             return x, flags
@@ -57,26 +78,22 @@ class Fmt:
         e = a.numerator.bit_length() - a.denominator.bit_length()
         if a < Fraction(2) ** e:
             e -= 1
+        tiny = a < self.min_normal
+        if tiny and tininess == "after":
+            qu = Fraction(2) ** (e - self.fbits)
+            nu, restu = divmod(a, qu)
+            tiny = (nu + (1 if self.rounds_up(nu, restu, qu, mode, sign) else 0)) * qu < self.min_normal
+        if not subnormals and a < self.min_normal:
+            if tiny:
+                return ("-0" if sign < 0 else Fraction(0)), {"UFLO", "INEXACT"}
+            return sign * self.min_normal, {"INEXACT"}
         q = Fraction(2) ** (max(e, self.emin) - self.fbits)
         n, rest = divmod(a, q)  # n integer, rest in [0, q)
-        if mode == "rne":
-            up = rest * 2 > q or (rest * 2 == q and n % 2 == 1)
-        elif mode == "rna":
-            up = rest * 2 >= q
-        elif mode == "ro":
-            up = rest > 0 and n % 2 == 0
-        elif mode == "rz":
-            up = False
-        elif mode == "ru":
-            up = rest > 0 and sign > 0
-        elif mode == "rd":
-            up = rest > 0 and sign < 0
-        else:
-            raise ValueError(mode)
+        up = self.rounds_up(n, rest, q, mode, sign)
         r = (n + (1 if up else 0)) * q
         if rest:
             flags.add("INEXACT")
-            if a < self.min_normal:
+            if tiny:
                 flags.add("UFLO")
         if r > self.max:
             flags |= {"OFLO", "INEXACT"}
@@ -133,7 +150,8 @@ def as_json_value(v):
 
 rc, out, err = emu("eval", "0.0004 + 0.25 - 0.25", "--format", "fp16", "--json")
 check(rc == 0 and out == '{"input": "0.0004 + 0.25 - 0.25", "format": "fp16", "rounding": "rne", '
-      '"value": 0.00048828125, "bits": "0x1000", "flags": ["INEXACT"]}\n',
+      '"value": 0.00048828125, "bits": "0x1000", "flags": ["INEXACT"], '
+      '"raised_by": {"INEXACT": {"op": "round", "column": 1, "operands": [0.0004]}}}\n',
       f"golden eval line, got {out!r} {err!r}")
 
 # The seeds' worked examples (issue 2), with the true values.
@@ -478,6 +496,132 @@ for ai, bi in zip(a, b):
 check(r["value"] == float(acc) and r["flags"] == ordered(seq_flags) and r["input_flags"] == ["INEXACT"],
       f"dot fp16-seq: {r}, oracle {float(acc)}")
 
+# ---- provenance: raised_by, --trap (exit 3), --tininess --------------------------------
+
+# CONTRACT.md's example: the operator as written, its 1-based column, its operands.
+[r] = emu_json("eval", "(300) * 300", "--format", "fp16")
+check(list(r) == ["input", "format", "rounding", "value", "bits", "flags", "raised_by"],
+      f"eval fields in order, raised_by added last: {list(r)}")
+check(r["raised_by"] == {"OFLO": {"op": "*", "column": 7, "operands": [300, 300]},
+                         "INEXACT": {"op": "*", "column": 7, "operands": [300, 300]}}, f"raised_by: {r}")
+check(list(r["raised_by"]) == ["OFLO", "INEXACT"], "raised_by keys in flag order")
+[r] = emu_json("eval", "0.1 + 300 * 300", "--format", "fp16")
+check(r["raised_by"] == {"OFLO": {"op": "*", "column": 11, "operands": [300, 300]},
+                         "INEXACT": {"op": "round", "column": 1, "operands": [0.1]}}, f"first raisers differ: {r}")
+[r] = emu_json("eval", "1/3 + 1/0 + 2/0 + inf/0 + (inf - inf)", "--format", "fp16")
+check(r["raised_by"] == {"DIV0": {"op": "/", "column": 8, "operands": [1, 0]},
+                         "INV": {"op": "-", "column": 32, "operands": ["inf", "inf"]},
+                         "INEXACT": {"op": "/", "column": 2, "operands": [1, 3]}}, f"DIV0 and INV: {r}")
+[r] = emu_json("eval", "1 + 2", "--format", "fp16")
+check(r["raised_by"] == {}, f"no flags, empty raised_by: {r}")
+rs = emu_json("round", "1", "70000", "--format", "fp16")
+check(rs[0]["raised_by"] == {} and rs[1]["raised_by"] == {"OFLO": {"op": "round", "operands": [70000]},
+                                                         "INEXACT": {"op": "round", "operands": [70000]}},
+      f"round raised_by: {rs}")
+check(list(rs[1]) == ["input", "format", "rounding", "value", "bits", "flags", "raised_by"], f"round fields: {rs[1]}")
+rc, out, _ = emu("eval", "0.1 + 300 * 300", "--format", "fp16")
+check(rc == 0 and out.rstrip().endswith("(first raised by: OFLO 300 * 300 at column 11; INEXACT round(0.1) at column 1)"),
+      f"raised_by for people: {out!r}")
+rc, out, _ = emu("round", "70000", "--format", "fp16")
+check(rc == 0 and "(first raised by: OFLO INEXACT round(70000))" in out, f"round raised_by for people: {out!r}")
+
+TRAP_FIELDS = ["input", "format", "rounding", "trap", "op", "column", "scope", "element", "operands", "result", "bits",
+               "fp_sts", "flags"]
+
+
+def trapped(*args, stdin=None):
+    """Runs emu expecting exit 3; returns the JSON lines."""
+    rc, out, err = emu(*args, "--json", stdin=stdin)
+    check(rc == 3 and not err, f"emu {' '.join(args)}: exit {rc} (expected 3), stderr {err!r}")
+    return [json.loads(line) for line in out.splitlines()]
+
+
+lines = trapped("eval", "1 + 2", "(300) * 300", "5", "--format", "fp16", "--trap", "oflo,div0,inv")
+check(len(lines) == 2 and lines[0]["value"] == 3, f"results before the trap, nothing after: {lines}")
+t = lines[-1]
+check(list(t) == TRAP_FIELDS, f"trap report fields: {list(t)}")
+check(t["input"] == "(300) * 300" and t["trap"] == "OFLO" and t["op"] == "*" and t["column"] == 7 and
+      t["scope"] == "" and t["element"] is None and t["operands"] == [300, 300] and t["result"] == "inf" and
+      t["bits"] == "0x7c00" and t["fp_sts"] == 4 and t["flags"] == ["OFLO", "INEXACT"], f"trap report: {t}")
+# Every inf/zero division against IEEE 754 7.3: only a finite x / 0 raises DIV0.
+for expr, flags in [("inf / 0", []), ("-inf / -0", []), ("inf / -0", []), ("-inf / 0", []), ("0 / 0", ["INV"]),
+                    ("1 / 0", ["DIV0"]), ("-2 / -0", ["DIV0"]), ("inf / inf", ["INV"])]:
+    [r] = emu_json("eval", expr, "--format", "fp16")
+    check(r["flags"] == flags, f"{expr}: flags {r['flags']} != {flags}")
+    rc, out, _ = emu("eval", expr, "--format", "fp16", "--trap", "div0", "--json")
+    check(rc == (3 if "DIV0" in flags else 0), f"{expr} --trap div0: exit {rc}")
+[t] = trapped("eval", "1 / 0", "--format", "fp16", "--trap", "DIV0")
+check(t["trap"] == "DIV0" and t["op"] == "/" and t["column"] == 3 and t["result"] == "inf" and t["fp_sts"] == 2,
+      f"div0 trap: {t}")
+[t] = trapped("eval", "0 / 0", "--format", "fp16", "--trap", "inv")
+check(t["trap"] == "INV" and t["result"] == "nan" and t["fp_sts"] == 1, f"inv trap: {t}")
+# A subset: DIV0 passes (into the status), the overflow traps; $FP_STS shows both.
+[t] = trapped("eval", "1/0 + 300 * 300", "--format", "fp16", "--trap", "oflo")
+check(t["trap"] == "OFLO" and t["column"] == 11 and t["flags"] == ["OFLO", "DIV0", "INEXACT"] and t["fp_sts"] == 6,
+      f"oflo among others: {t}")
+# The would-be result under each overflow policy; NANOO's INV is the consequence: OFLO is named.
+for policy, result, bits, fp_sts in [("inf", "inf", "0x7c00", 4), ("saturate", 65504, "0x7bff", 4),
+                                     ("nan", "nan", "0x7e00", 5)]:
+    lines = trapped("round", "1", "70000", "2", "--format", "fp16", "--overflow", policy, "--trap", "oflo,inv")
+    t = lines[-1]
+    check(len(lines) == 2 and [k for k in TRAP_FIELDS if k != "column"] == list(t) and t["op"] == "round" and
+          t["trap"] == "OFLO" and t["operands"] == [70000] and t["result"] == result and t["bits"] == bits and
+          t["fp_sts"] == fp_sts, f"round trap, overflow {policy}: {lines}")
+# INEXACT and UFLO can trap too.
+[t] = trapped("eval", "1 + 0.1", "--format", "fp16", "--trap", "inexact")
+check(t["trap"] == "INEXACT" and t["op"] == "round" and t["column"] == 5 and t["operands"] == [0.1] and
+      t["fp_sts"] == 0, f"inexact trap: {t}")
+[t] = trapped("round", "1e-6", "--format", "fp16", "--trap", "uflo")
+check(t["trap"] == "UFLO" and t["result"] == float(FP16.round(Fraction("1e-6"))[0]), f"uflo trap: {t}")
+rc, out, err = emu("eval", "(300) * 300", "--format", "fp16", "--trap", "oflo")
+check(rc == 3 and not err and "trapped: OFLO in 300 * 300 at column 7" in out and "$FP_STS 0x4 (OFLO)" in out,
+      f"trap for people: {out!r} {err!r}")
+rc, out, _ = emu("round", "1", "--format", "fp16", "--trap", "oflo,div0,inv", "--json")
+check(rc == 0, "no trap: exit 0")
+
+# --tininess on the values next to min_normal, every mode, subnormals on and off,
+# against the oracle above (both rules from IEEE 754 7.5).
+for fmt, name, step in [(FP16, "fp16", Fraction(2) ** -28), (BF16, "bf16", Fraction(2) ** -136)]:
+    xs = [s * (fmt.min_normal - k * step) for k in range(-6, 40) for s in (1, -1)]
+    texts = [f"{'-' if x < 0 else ''}0x{int(abs(x) / step):x}p-{step.denominator.bit_length() - 1}" for x in xs]
+    for mode in MODES:
+        for tininess in ("before", "after"):
+            for subnormals in ("on", "off"):
+                rs = emu_json("round", "-", "--format", name, "--rounding", mode, "--tininess", tininess,
+                              "--subnormals", subnormals, stdin="\n".join(texts) + "\n")
+                for x, r in zip(xs, rs):
+                    value, flags = fmt.round(x, mode, tininess, subnormals == "on")
+                    if r["value"] != as_json_value(value) or r["flags"] != ordered(flags):
+                        check(False, f"{name} {mode} --tininess {tininess} --subnormals {subnormals} {x}: "
+                                     f"{r['value']} {r['flags']}, expected {as_json_value(value)} {ordered(flags)}")
+                        break
+# The two rules differ there (else the loop above proves nothing).
+[before] = emu_json("round", "0x1.ffep-15", "--format", "fp16")
+[after] = emu_json("round", "0x1.ffep-15", "--format", "fp16", "--tininess", "after")
+check(before["flags"] == ["UFLO", "INEXACT"] and after["flags"] == ["INEXACT"] and before["bits"] == after["bits"],
+      f"2^-14 - 2^-26: {before} {after}")
+[flushed] = emu_json("round", "0x1.ffep-15", "--format", "fp16", "--subnormals", "off")
+[kept] = emu_json("round", "0x1.ffep-15", "--format", "fp16", "--subnormals", "off", "--tininess", "after")
+check(flushed["value"] == 0 and kept["value"] == 2.0 ** -14 and kept["flags"] == ["INEXACT"], f"{flushed} {kept}")
+# Units take it too (their contexts and the rounding of their inputs).
+[r] = emu_json("dot", "--unit", "fp16-seq", "--a", "0x1.ffep-15", "--b", "1", "--tininess", "after")
+check(r["input_flags"] == ["INEXACT"], f"dot --tininess after: {r}")
+[r] = emu_json("dot", "--unit", "fp16-seq", "--a", "0x1.ffep-15", "--b", "1")
+check(r["input_flags"] == ["UFLO", "INEXACT"], f"dot --tininess before: {r}")
+
+# Help: exit status 3 in both programs, the tininess rule for subnormals on and off.
+rc, out, _ = emu("--help")
+check(rc == 0 and "3 an enabled\nfloating-point exception trapped" in out, f"emu --help exit status 3: {out!r}")
+rc, out, _ = emu("round", "--help")
+check(rc == 0 and "--tininess" in out and "before (default)" in out and "With subnormals on" in out and
+      "--subnormals off" in out and "status 3" in out, f"emu round --help tininess: {out!r}")
+rc, out, _ = emu("eval", "--help")
+check(rc == 0 and "raised_by" in out and "--trap" in out, f"emu eval --help: {out!r}")
+if SWEEP:
+    p = subprocess.run([SWEEP, "--help"], capture_output=True, text=True)
+    check(p.returncode == 0 and "Status 3" in p.stdout and "recorded outcome" in p.stdout,
+          f"sweep --help exit status 3: {p.stdout!r}")
+
 import os
 import tempfile
 tmp = tempfile.mkdtemp()
@@ -529,6 +673,10 @@ bad_calls = [
     (["gemm", "--unit", "exact", A, BAD_B], None), (["gemm", "--unit", "exact", A, BAD_NUM], None),
     (["gemm", "--unit", "exact", A, os.path.join(tmp, "missing.txt")], None),
     (["gemm", "--unit", "exact", A, A], None), (["gemm", "--unit", "exact", A, B, A], None),
+    (["eval", "1", "--format", "fp16", "--trap", "overflow"], None),
+    (["eval", "1", "--format", "fp16", "--trap", "oflo,,inv"], None),
+    (["round", "1", "--format", "fp16", "--tininess", "during"], None),
+    (["dot", "--unit", "exact", "--a", "1", "--b", "1", "--trap", "oflo"], None),
 ]
 for args, stdin in bad_calls:
     rc, out, err = emu(*args, stdin=stdin)

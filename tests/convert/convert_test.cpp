@@ -582,6 +582,15 @@ TEST_CASE("round_to_float works in place; configuration is validated", "[convert
   CHECK_THROWS_AS(emu::HalfRounding(emu::fp8_e4m3(), {}), std::invalid_argument);
   CHECK_THROWS_AS(emu::HalfRounding(emu::fp16(), {.mode = emu::Rounding::rz}), std::invalid_argument);
   CHECK_THROWS_AS(emu::HalfRounding(emu::fp16(), {.mode = emu::Rounding::sr, .sr_bits = 33}), std::invalid_argument);
+  // The kernels decide tininess before rounding: a spec asking for `after` is refused
+  // (it would get before's UFLO silently), round_array takes it.
+  const emu::RoundSpec after{.tininess = emu::Tininess::after};
+  CHECK_FALSE(emu::HalfRounding::supports(emu::fp16(), after));
+  CHECK_THROWS_AS(emu::HalfRounding(emu::bf16(), after), std::invalid_argument);
+  const std::vector<double> just_below = {0x1p-14 - 0x1p-26};
+  std::vector<double> rounded(1);
+  CHECK(emu::round_array(emu::fp16(), after, just_below, rounded, nullptr) == emu::INEXACT);
+  CHECK(rounded[0] == 0x1p-14);
   std::vector<std::uint16_t> too_short(3);
   CHECK_THROWS_AS(emu::round_to_bits(emu::HalfRounding(emu::bf16(), {}), v, too_short), std::invalid_argument);
 }

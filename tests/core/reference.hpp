@@ -147,30 +147,48 @@ struct Result {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
+// Whether the truncated significand s.n of an x of sign `neg` goes up by one unit.
+inline bool rounds_up(const Scaled& s, bool neg, Rounding mode) {
+  const bool odd = bit_test(s.n, 0);
+  switch (mode) {
+    case Rounding::rne: return s.half_cmp > 0 || (s.half_cmp == 0 && odd);
+    case Rounding::rna: return s.half_cmp >= 0;
+    case Rounding::rz: return false;
+    case Rounding::ru: return !s.exact && !neg;
+    case Rounding::rd: return !s.exact && neg;
+    case Rounding::ro: return !s.exact && !odd;
+    case Rounding::sr: break;
+  }
+  throw std::logic_error("the reference has no stochastic rounding");
+}
+
+// When x counts as tiny (IEEE 754 7.5): before rounding, |x| < 2^emin; after rounding,
+// x rounded to p fraction bits with an unbounded exponent range is below 2^emin.
+enum class Tininess { before, after };
+
 // Rounds a non-zero exact x into the format (IEEE 754 7.4: overflow is decided on the
-// result rounded as if the exponent range were unbounded; tininess before rounding, as
-// emu/round.hpp documents).
-inline Result round(const Real& x, const Spec& f, Rounding mode, Overflow overflow) {
+// result rounded as if the exponent range were unbounded; tininess before rounding by
+// default, as emu/round.hpp documents). Without subnormals a tiny x flushes to signed
+// zero (UFLO, INEXACT); a non-tiny x below 2^emin (only after rounding) becomes
+// +-2^emin with INEXACT.
+inline Result round(const Real& x, const Spec& f, Rounding mode, Overflow overflow,
+                    Tininess tininess = Tininess::before) {
   const bool neg = x.negative;
   const int e = x.root ? static_cast<int>(std::floor(floor_log2(x.num, x.den) / 2.0))
                        : floor_log2(x.num, x.den);
-  const bool tiny = e < f.emin();
+  bool tiny = e < f.emin();
+  if (tiny && tininess == Tininess::after) {
+    // Round at x's own exponent e (unbounded range): m 2^(e - p) with m <= 2^(p+1).
+    const Scaled u = scale(x, e - f.p);
+    const Int m = u.n + (rounds_up(u, neg, mode) ? 1 : 0);
+    tiny = m < (Int(1) << (f.emin() - e + f.p));
+  }
   if (tiny && !f.subnormals) return {neg ? -0.0 : 0.0, emu::UFLO | emu::INEXACT};
+  if (e < f.emin() && !f.subnormals) return {neg ? -f.min_normal() : f.min_normal(), emu::INEXACT};
 
   const int q = std::max(e, f.emin()) - f.p;
   const Scaled s = scale(x, q);
-  const bool odd = bit_test(s.n, 0);
-  bool up = false;
-  switch (mode) {
-    case Rounding::rne: up = s.half_cmp > 0 || (s.half_cmp == 0 && odd); break;
-    case Rounding::rna: up = s.half_cmp >= 0; break;
-    case Rounding::rz: up = false; break;
-    case Rounding::ru: up = !s.exact && !neg; break;
-    case Rounding::rd: up = !s.exact && neg; break;
-    case Rounding::ro: up = !s.exact && !odd; break;
-    case Rounding::sr: throw std::logic_error("the reference has no stochastic rounding");
-  }
-  const Int m = s.n + (up ? 1 : 0);
+  const Int m = s.n + (rounds_up(s, neg, mode) ? 1 : 0);
 
   const int d = q - (f.emax() - f.p);  // compare m * 2^q with max_significand * 2^(emax - p)
   const Int max_m = Int(f.max_significand());

@@ -148,3 +148,40 @@ TEST_CASE("ExactSum: a residual far below double's range still steers directed r
   CHECK(emu::round(emu::fp64(), u.value(), {emu::Rounding::rna}, nullptr, flags) == 1.0 + 0x1p-52);
   CHECK(emu::round(emu::fp64(), u.value(), {emu::Rounding::rne}, nullptr, flags) == 1.0);
 }
+
+TEST_CASE("exact_from_fixed gives ExactSum::value()'s hi, lo and lo_scale", "[exact_sum]") {
+  // v * 2^lsb summed into an ExactSum in three exact pieces of 43 bits; v built from a
+  // few signed powers of two and random low bits, so that hi and lo meet ties (bit 53
+  // of v alone) and residuals that round onto powers of two.
+  std::mt19937_64 gen(5);
+  auto below = [&](int n) { return static_cast<int>(gen() % static_cast<unsigned>(n)); };
+  int checked = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    __int128 v = 0;
+    const int terms = 1 + below(4);
+    for (int t = 0; t < terms; ++t) {
+      const __int128 bit = static_cast<__int128>(1) << below(125);
+      v += (gen() & 1) ? bit : -bit;
+    }
+    if (below(2)) v += static_cast<__int128>(gen() >> below(64)) * ((gen() & 1) ? 1 : -1);
+    if (v == 0) continue;
+    const int lsb = below(2) ? -1022 + below(200) : -300 + below(1000);
+    emu::ExactSum sum;
+    const bool negative = v < 0;
+    unsigned __int128 magnitude = negative ? -static_cast<unsigned __int128>(v) : static_cast<unsigned __int128>(v);
+    for (int piece = 0; piece < 3; ++piece) {
+      const auto bits = static_cast<std::uint64_t>(magnitude & ((static_cast<unsigned __int128>(1) << 43) - 1));
+      sum.add(std::ldexp(negative ? -static_cast<double>(bits) : static_cast<double>(bits), lsb + 43 * piece));
+      magnitude >>= 43;
+    }
+    const emu::Exact want = sum.value(), got = emu::exact_from_fixed(v, lsb);
+    INFO("trial " << trial << " lsb " << lsb << " hi " << want.hi << " lo " << want.lo);
+    REQUIRE(got.hi == want.hi);
+    REQUIRE(std::signbit(got.lo) == std::signbit(want.lo));
+    REQUIRE(got.lo == want.lo);
+    REQUIRE(got.lo_scale == want.lo_scale);
+    REQUIRE(got.beyond_double == want.beyond_double);
+    ++checked;
+  }
+  CHECK(checked > 19000);
+}

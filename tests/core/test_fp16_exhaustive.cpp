@@ -36,6 +36,7 @@
 #include "emu/arith.hpp"
 #include "emu/format.hpp"
 #include "emu/round.hpp"
+#include "host_flags.hpp"
 
 static_assert(24 >= 2 * 11 + 2, "float is wide enough for innocuous double rounding to binary16");
 
@@ -45,34 +46,14 @@ constexpr double kMinNormal = 0x1p-14;
 // Below this magnitude a value is tiny after rounding to 11 bits with unbounded exponent.
 constexpr double kTinyAfterRounding = 0x1p-14 * (1 - 0x1p-12);
 
-// MXCSR's exception flags (Intel SDM vol. 1, 10.2.3): the operations here are SSE/AVX,
-// so these are the bits fenv reports for them. The 2^32-case loops read and clear
-// MXCSR directly: glibc's feclearexcept also rewrites the x87 environment
-// (fnstenv/fldenv), which would triple their run time. The spot checks below confirm
-// that both views agree.
-constexpr unsigned kMxcsrFlags = 0x3f;
-constexpr unsigned kMxcsrInvalid = 0x01, kMxcsrDivZero = 0x04, kMxcsrOverflow = 0x08, kMxcsrUnderflow = 0x10,
-                   kMxcsrInexact = 0x20;  // 0x02 is DE (denormal operand): not an IEEE flag
-
-emu::Flags cpu_flags(unsigned mxcsr) {
-  emu::Flags f = 0;
-  if (mxcsr & kMxcsrInexact) f |= emu::INEXACT;
-  if (mxcsr & kMxcsrOverflow) f |= emu::OFLO;
-  if (mxcsr & kMxcsrUnderflow) f |= emu::UFLO;
-  if (mxcsr & kMxcsrInvalid) f |= emu::INV;
-  if (mxcsr & kMxcsrDivZero) f |= emu::DIV0;
-  return f;
-}
-
-emu::Flags fenv_flags(int fe) {
-  emu::Flags f = 0;
-  if (fe & FE_INEXACT) f |= emu::INEXACT;
-  if (fe & FE_OVERFLOW) f |= emu::OFLO;
-  if (fe & FE_UNDERFLOW) f |= emu::UFLO;
-  if (fe & FE_INVALID) f |= emu::INV;
-  if (fe & FE_DIVBYZERO) f |= emu::DIV0;
-  return f;
-}
+// MXCSR's exception flags (host_flags.hpp): the operations here are SSE/AVX, so these
+// are the bits fenv reports for them. The 2^32-case loops read and clear MXCSR
+// directly: glibc's feclearexcept also rewrites the x87 environment (fnstenv/fldenv),
+// which would triple their run time. The spot checks below confirm that both views
+// agree.
+using host_flags::kMxcsrFlags;
+emu::Flags cpu_flags(unsigned mxcsr) { return host_flags::from_mxcsr(mxcsr); }
+emu::Flags fenv_flags(int fe) { return host_flags::from_fenv(fe); }
 
 // The flags the CPU should show for an operation whose exact result is `exact`, given
 // emu's flags: the same, except UFLO by the after-rounding rule.

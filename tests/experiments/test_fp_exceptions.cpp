@@ -171,3 +171,23 @@ TEST_CASE("fp_exceptions: train names its scopes as documented", "[fp_exceptions
     CHECK(scopes.size() >= 2);
   }
 }
+
+TEST_CASE("fp_exceptions: the tininess parameter sets the control, and after-rounding tininess changes UFLO",
+          "[fp_exceptions]") {
+  using roundoff::ParamValue;
+  std::map<std::string, ParamValue> values{{"fp_exceptions", std::string("off")}, {"oflo", true}, {"div0", true},
+                                           {"inv", true},  {"nanoo", false}, {"tininess", std::string("after")}};
+  const emu::FpControl after = roundoff::with_fp_exceptions(emu::FpControl{}, roundoff::Params(values));
+  CHECK(after.tininess == emu::Tininess::after);
+  values["tininess"] = std::string("before");
+  const emu::FpControl before = roundoff::with_fp_exceptions(emu::FpControl{}, roundoff::Params(values));
+  CHECK(before.tininess == emu::Tininess::before);
+  // (1 - 2^-12) * 2^-14 rounds (rne) up to fp16's smallest normal 2^-14: tiny before
+  // rounding, not after (x86 raises no underflow for it).
+  const double x = (1.0 - 0x1p-12) * 0x1p-14;
+  emu::Context ctx_after(after), ctx_before(before);
+  CHECK(ctx_after.convert(emu::fp16(), x) == 0x1p-14);
+  CHECK(ctx_before.convert(emu::fp16(), x) == 0x1p-14);
+  CHECK((ctx_after.status() & emu::UFLO) == 0);
+  CHECK((ctx_before.status() & emu::UFLO) != 0);
+}

@@ -9,11 +9,13 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "../fp_counts.hpp"
 #include "emu/mma.hpp"
 
 namespace {
@@ -296,4 +298,95 @@ TEST_CASE("tensor-core gemm at the edges of its integer sums", "[mma][gemm]") {
     for (double d : C) CHECK(bits(d) == bits(expected));
     CHECK(int{gemm_ctx.status()} == int{dot_ctx.status()});
   }
+}
+
+namespace {
+
+// gemm against dot() per element under one control, each dot as its gemm element
+// (fp_counts::gemm_element): values, status, counts and the trap report.
+void check_elements_against_dot(const emu::MatrixUnit& unit, const emu::FpControl& control, const Problem& p,
+                                const std::string& label) {
+  std::vector<double> C = p.C, expected = p.C;
+  emu::Context gemm_ctx(control), dot_ctx(control);
+  std::optional<emu::TrapReport> gemm_trap, dot_trap;
+  try {
+    const emu::Scope scope(gemm_ctx, "layer.wo");
+    unit.gemm(gemm_ctx, p.m, p.n, p.k, p.A.data(), p.k, p.B.data(), p.n, C.data(), p.n);
+  } catch (const emu::FpException& e) {
+    gemm_trap = e.report();
+  }
+  try {
+    const emu::Scope scope(dot_ctx, "layer.wo");
+    for (std::size_t i = 0; i < p.m; ++i)
+      for (std::size_t j = 0; j < p.n; ++j) {
+        const auto element = fp_counts::gemm_element(dot_ctx, i, j, p.n);
+        expected[i * p.n + j] =
+            unit.dot(dot_ctx, p.k, p.A.data() + i * p.k, 1, p.B.data() + j, p.n, p.C[i * p.n + j]);
+      }
+  } catch (const emu::FpException& e) {
+    dot_trap = e.report();
+  }
+  INFO(label);
+  REQUIRE(gemm_trap.has_value() == dot_trap.has_value());
+  if (gemm_trap) fp_counts::check_same_report(*gemm_trap, *dot_trap);
+  for (std::size_t e = 0; e < p.m * p.n; ++e) CHECK(fp_counts::same_value(C[e], expected[e]));
+  CHECK(int{gemm_ctx.status()} == int{dot_ctx.status()});
+  fp_counts::check_same_counts(gemm_ctx.counts(), dot_ctx.counts());
+}
+
+}  // namespace
+
+TEST_CASE("every unit's gemm reports elements: counts and traps equal dot() per element in row-major order",
+          "[mma][gemm][provenance]") {
+  // Counting OFLO and INV keeps the tensor cores' column adder (INEXACT and UFLO gather
+  // per gemm); counting or trapping INEXACT or UFLO raises them per element. The other
+  // units (AMP, exact, sequential) go through their own gemm.
+  emu::FpControl count_ieee_traps, count_all, trap_oflo_inv, trap_uflo;
+  count_ieee_traps.counted = emu::OFLO | emu::DIV0 | emu::INV;
+  count_all.counted = emu::OFLO | emu::DIV0 | emu::INV | emu::UFLO | emu::INEXACT;
+  trap_oflo_inv.traps = emu::OFLO | emu::INV;
+  trap_uflo.traps = emu::UFLO;
+  std::mt19937_64 gen(99);
+  struct Case {
+    emu::UnitKind kind;
+    const char* in;
+    const char* out;
+  };
+  const Case cases[] = {
+      {emu::UnitKind::v100, "fp16", "fp32"},     {emu::UnitKind::a100, "bf16", "fp32"},
+      {emu::UnitKind::h100, "fp8-e4m3", "fp16"}, {emu::UnitKind::ada, "fp8-e5m2", "fp32"},
+      {emu::UnitKind::t4, "fp16", "fp16"},       {emu::UnitKind::ipu_amp, "fp16", "fp32"},
+      {emu::UnitKind::ipu_amp_half, "fp16", "fp16"}, {emu::UnitKind::exact, "fp16", "fp16"},
+      {emu::UnitKind::fp16_seq, "fp16", "fp16"}, {emu::UnitKind::fp32_seq, "bf16", "fp32"},
+  };
+  for (const Case& c : cases) {
+    const auto unit = emu::make_unit(c.kind, emu::format_by_name(c.in), emu::format_by_name(c.out));
+    for (Scenario s : {Scenario::overflow, Scenario::subnormals, Scenario::special_values, Scenario::normal})
+      for (const emu::FpControl& control : {count_ieee_traps, count_all, trap_oflo_inv, trap_uflo}) {
+        const Problem p = make_problem(gen, 3, 21, 19, unit->input_format(), unit->output_format(), s);
+        check_elements_against_dot(*unit, control, p,
+                                   std::string(emu::unit_kind_name(c.kind)) + " " + c.in + " -> " + c.out + ", " +
+                                       scenario_name(s) + ", counted " + std::to_string(control.counted) +
+                                       ", traps " + std::to_string(control.traps));
+      }
+  }
+}
+
+TEST_CASE("tensor-core gemm: an overflowing element is counted and reported as [row, col]", "[mma][gemm][provenance]") {
+  const emu::Format in = emu::bf16();
+  const auto unit = emu::make_unit(emu::UnitKind::a100, in, emu::fp32());
+  const std::size_t m = 4, n = 20, k = 8;
+  std::vector<double> A(m * k, 1.0), B(k * n, 1.0), C(m * n, 0.5);
+  A[2 * k + 3] = in.max_finite();
+  B[3 * n + 17] = in.max_finite();  // element (2, 17) overflows binary32
+  emu::FpControl control;
+  control.counted = emu::OFLO;
+  emu::Context ctx(control);
+  unit->gemm(ctx, m, n, k, A.data(), k, B.data(), n, C.data(), n);
+  REQUIRE(ctx.counts().size() == 1);
+  CHECK(ctx.counts()[0].op == "mma");
+  CHECK(ctx.counts()[0].count == 1);
+  CHECK(ctx.counts()[0].first_element.to_string() == "[2, 17]");
+  CHECK(ctx.counts()[0].first_element.flat == 2 * 20 + 17);
+  CHECK(std::isinf(ctx.counts()[0].first_result));
 }

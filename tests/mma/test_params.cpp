@@ -434,3 +434,30 @@ TEST_CASE("fp32-seq and fp16-seq: fused by name; the unfused form rounds the pro
   CHECK_THROWS_AS(emu::make_sequential_unit(emu::UnitKind::exact, false), std::invalid_argument);
   CHECK_THROWS_AS(emu::make_sequential_unit(emu::UnitKind::v100, true), std::invalid_argument);
 }
+
+TEST_CASE("exact: an exact zero keeps a zero c's sign, and a cancelled non-zero c gives +0 (-0 under rd)", "[units]") {
+  const auto unit = emu::make_unit(UnitKind::exact);
+  const double one = 1, minus_one = -1, zero = 0, minus_zero = -0.0;
+  struct Case {
+    const char* what;
+    double a, b, c;
+    Rounding mode;
+    double expected;
+  };
+  const Case cases[] = {
+      {"1 + 1 * -1", one, minus_one, one, Rounding::rne, 0.0},      // once returned c = 1
+      {"-1 + 1 * 1", one, one, minus_one, Rounding::rne, 0.0},
+      {"1 + 1 * -1, rd", one, minus_one, one, Rounding::rd, -0.0},
+      {"1 + 1 * -1, ru", one, minus_one, one, Rounding::ru, 0.0},
+      {"-0 + 0 * 1", zero, one, minus_zero, Rounding::rne, -0.0},   // zero c: keeps its zero
+      {"+0 + -0 * 1, rd", minus_zero, one, zero, Rounding::rd, 0.0},
+  };
+  for (const Case& t : cases) {
+    INFO(t.what);
+    emu::FpControl control;
+    control.rounding = t.mode;
+    emu::Context ctx(control);
+    CHECK(bits(unit->dot(ctx, 1, &t.a, 1, &t.b, 1, t.c)) == bits(t.expected));
+    CHECK(ctx.status() == 0);
+  }
+}

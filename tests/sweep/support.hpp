@@ -3,10 +3,14 @@
 #pragma once
 
 #include <hdf5.h>
+#include <poll.h>
+#include <pty.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
+#include <regex>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -132,6 +136,55 @@ inline ProcessResult finish_program(pid_t child, const std::string& cwd) {
   return result;
 }
 
+struct InterruptedRun {
+  int status = -1;         // exit status, or 128 + signal
+  bool signalled = false;  // the signal was sent after the progress bar showed enough
+  std::string screen;      // what the program drew
+};
+
+// Runs `program args...` in `cwd` on a pseudo-terminal, where sweep draws its progress bar
+// ("N/TOTAL points"); sends `signal` once N >= min_done (or after 50 s) and waits for it.
+inline InterruptedRun interrupt_after_progress(const std::string& program, const std::vector<std::string>& args,
+                                               const std::string& cwd, int total, int min_done, int signal) {
+  InterruptedRun run;
+  int terminal = -1;
+  const pid_t child = forkpty(&terminal, nullptr, nullptr, nullptr);
+  if (child < 0) throw std::runtime_error("forkpty failed");
+  if (child == 0) {
+    if (chdir(cwd.c_str()) != 0) _exit(127);
+    std::vector<char*> argv{const_cast<char*>(program.c_str())};
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(program.c_str(), argv.data());
+    _exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(50);
+  const std::regex progress("\\s([0-9]+)/" + std::to_string(total) + " points");
+  while (!run.signalled && std::chrono::steady_clock::now() < deadline) {
+    pollfd fd{terminal, POLLIN, 0};
+    if (poll(&fd, 1, 100) <= 0) continue;
+    char buf[512];
+    const ssize_t n = read(terminal, buf, sizeof buf);
+    if (n <= 0) break;
+    run.screen.append(buf, static_cast<std::size_t>(n));
+    for (auto it = std::sregex_iterator(run.screen.begin(), run.screen.end(), progress); it != std::sregex_iterator(); ++it)
+      run.signalled = run.signalled || std::stoi((*it)[1]) >= min_done;
+  }
+  kill(child, signal);
+  // Drain the terminal so the child never blocks writing to it.
+  for (pollfd fd{terminal, POLLIN, 0}; poll(&fd, 1, 2000) > 0;) {
+    char buf[512];
+    const ssize_t n = read(terminal, buf, sizeof buf);
+    if (n <= 0) break;
+    run.screen.append(buf, static_cast<std::size_t>(n));
+  }
+  int raw = 0;
+  waitpid(child, &raw, 0);
+  close(terminal);
+  run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+  return run;
+}
+
 // ---- comparing two sweep outputs -------------------------------------------------------
 
 namespace detail {
@@ -144,29 +197,63 @@ struct Handle {
   }
 };
 
-// Every element of a dataset or attribute as bytes (numbers in native layout) or text
-// (strings), so that NaNs compare by bit pattern.
+// One element in memory (native type) as bytes that are equal exactly when the values are:
+// numbers bit for bit (so NaNs compare by pattern), strings as their text, variable-length
+// sequences by content, compounds and arrays member by member (each part length-prefixed).
+inline std::string element_bytes(hid_t type, const unsigned char* element) {
+  const std::size_t size = H5Tget_size(type);
+  const H5T_class_t type_class = H5Tget_class(type);
+  if (type_class == H5T_STRING && H5Tis_variable_str(type) > 0) {
+    const char* text = *reinterpret_cast<char* const*>(element);
+    return text ? text : "";
+  }
+  if (type_class == H5T_VLEN || type_class == H5T_ARRAY) {
+    Handle base{H5Tget_super(type), H5Tclose};
+    const std::size_t base_size = H5Tget_size(base.id);
+    const unsigned char* first = element;
+    std::size_t n = size / base_size;
+    if (type_class == H5T_VLEN) {
+      const auto* sequence = reinterpret_cast<const hvl_t*>(element);
+      first = static_cast<const unsigned char*>(sequence->p), n = sequence->len;
+    }
+    std::string bytes("[");
+    bytes.append(std::to_string(n)).append("]");
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::string part = element_bytes(base.id, first + i * base_size);
+      bytes.append(std::to_string(part.size())).append(":").append(part);
+    }
+    return bytes;
+  }
+  if (type_class == H5T_COMPOUND) {
+    std::string bytes;
+    for (int m = 0; m < H5Tget_nmembers(type); ++m) {
+      Handle member{H5Tget_member_type(type, static_cast<unsigned>(m)), H5Tclose};
+      const std::string part = element_bytes(member.id, element + H5Tget_member_offset(type, static_cast<unsigned>(m)));
+      bytes += std::to_string(part.size()) + ":" + part;
+    }
+    return bytes;
+  }
+  return std::string(reinterpret_cast<const char*>(element), size);
+}
+
+// Every element of a dataset or attribute, as element_bytes gives it.
 inline std::vector<std::string> read_elements(hid_t object, bool is_attribute) {
   Handle type{is_attribute ? H5Aget_type(object) : H5Dget_type(object), H5Tclose};
   Handle space{is_attribute ? H5Aget_space(object) : H5Dget_space(object), H5Sclose};
   const auto n = static_cast<std::size_t>(H5Sget_simple_extent_npoints(space.id));
-  std::vector<std::string> elements;
-  if (H5Tget_class(type.id) == H5T_STRING && H5Tis_variable_str(type.id) > 0) {
-    std::vector<char*> text(n);
-    herr_t ok = is_attribute ? H5Aread(object, type.id, text.data())
-                             : H5Dread(object, type.id, H5S_ALL, H5S_ALL, H5P_DEFAULT, text.data());
-    if (ok < 0) throw std::runtime_error("read failed");
-    for (char* t : text) elements.push_back(t ? t : "");
-    for (char* t : text) H5free_memory(t);
-    return elements;
-  }
   Handle native{H5Tget_native_type(type.id, H5T_DIR_ASCEND), H5Tclose};
   const std::size_t size = H5Tget_size(native.id);
-  std::string bytes(n * size, '\0');
+  std::vector<unsigned char> bytes(std::max<std::size_t>(1, n * size));
   herr_t ok = is_attribute ? H5Aread(object, native.id, bytes.data())
                            : H5Dread(object, native.id, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data());
   if (ok < 0) throw std::runtime_error("read failed");
-  for (std::size_t i = 0; i < n; ++i) elements.push_back(bytes.substr(i * size, size));
+  std::vector<std::string> elements;
+  for (std::size_t i = 0; i < n; ++i) elements.push_back(element_bytes(native.id, bytes.data() + i * size));
+#if H5_VERSION_GE(1, 12, 0)
+  H5Treclaim(native.id, space.id, H5P_DEFAULT, bytes.data());
+#else
+  H5Dvlen_reclaim(native.id, space.id, H5P_DEFAULT, bytes.data());
+#endif
   return elements;
 }
 

@@ -277,41 +277,10 @@ TEST_CASE("SIGINT saves finished points (exit 130); --resume ends identical to a
                                 "  steps: 100000\n  trace_every: 5000\n");
 
   // On a terminal sweep draws "N/40 points"; wait for a few, then interrupt.
-  int terminal = -1;
-  const pid_t child = forkpty(&terminal, nullptr, nullptr, nullptr);
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    if (chdir(dir.path().c_str()) != 0) _exit(127);
-    execl(sweep.c_str(), sweep.c_str(), "long.yaml", "-j", "2", static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  std::string screen;
-  bool some_done = false;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(50);
-  const std::regex progress("\\s([0-9]+)/40 points");
-  while (!some_done && std::chrono::steady_clock::now() < deadline) {
-    pollfd fd{terminal, POLLIN, 0};
-    if (poll(&fd, 1, 100) <= 0) continue;
-    char buf[512];
-    const ssize_t n = read(terminal, buf, sizeof buf);
-    if (n <= 0) break;
-    screen.append(buf, static_cast<std::size_t>(n));
-    for (auto it = std::sregex_iterator(screen.begin(), screen.end(), progress); it != std::sregex_iterator(); ++it)
-      some_done = some_done || std::stoi((*it)[1]) >= 3;
-  }
-  INFO("terminal: " << screen);
-  kill(child, SIGINT);
-  // Drain the terminal so the child never blocks writing to it.
-  for (pollfd fd{terminal, POLLIN, 0}; poll(&fd, 1, 2000) > 0;) {
-    char buf[512];
-    if (read(terminal, buf, sizeof buf) <= 0) break;
-  }
-  int raw = 0;
-  waitpid(child, &raw, 0);
-  close(terminal);
-  REQUIRE(some_done);
-  REQUIRE(WIFEXITED(raw));
-  REQUIRE(WEXITSTATUS(raw) == 130);
+  const auto run = sweep_test::interrupt_after_progress(sweep, {"long.yaml", "-j", "2"}, dir.path().string(), 40, 3, SIGINT);
+  INFO("terminal: " << run.screen);
+  REQUIRE(run.signalled);
+  REQUIRE(run.status == 130);
   const std::string out = dir / "long.h5";
   CHECK(sweep_test::string_attribute(out, "/", "status") == "partial");
   const auto done = sweep_test::read_dataset<std::uint8_t>(out, "done");

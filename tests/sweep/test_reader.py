@@ -70,6 +70,23 @@ def main():
         printed = subprocess.run([sys.executable, os.path.join(os.environ["ROUNDOFF_SCRIPTS"], "roundoff_h5.py"), path],
                                  check=True, capture_output=True, text=True).stdout
         assert "stagnation_step" in printed and len(printed.splitlines()) == 1 + 1 + 12, printed
+
+        # A shard's file: the table has a row for each run it holds, the same as the whole
+        # sweep's rows for those runs (shard 1/3 of 12 runs: 4, splitting a point).
+        subprocess.run([os.environ["SWEEP"], "r.yaml", "--quiet", "--shard", "1/3"], cwd=folder, check=True,
+                       stdout=subprocess.DEVNULL)
+        shard = roundoff_h5.read(os.path.join(folder, "out.shard-1-of-3.h5"))
+        assert shard.done_replicas.sum() == 4 and shard.done.sum() < 2, shard.done_replicas
+        part = roundoff_h5.table(shard)
+        part = dict(part) if not isinstance(part, dict) else part
+        assert len(part["point"]) == 4
+        for p, r, final in zip(part["point"], part["replica"], part["final"]):
+            assert shard.done_replicas[p, r] and final == result.metrics["final"][p, r], (p, r)
+        assert result.done_replicas.all()
+        printed = subprocess.run([sys.executable, os.path.join(os.environ["ROUNDOFF_SCRIPTS"], "roundoff_h5.py"),
+                                  os.path.join(folder, "out.shard-1-of-3.h5")], check=True, capture_output=True,
+                                 text=True).stdout
+        assert printed.startswith("# swamping: 4 points x 3 replicas, shard 1/3, complete"), printed
     check_plot_reports_nonfinite()
     check_fp_exception_tables()
     print("ok")

@@ -1,0 +1,32 @@
+// AVX2/FMA/F16C helpers shared by emu's vectorised kernels (emu/amp.cpp,
+// emu/sequential.cpp); internal to emu. EMU_SIMD is 1 in builds with those extensions,
+// whose kernels are compiled; other builds take the exact paths.
+#pragma once
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define EMU_SIMD 1
+#include <immintrin.h>
+
+#include <cfenv>
+
+namespace emu::simd {
+
+inline __m256d magnitude(__m256d x) { return _mm256_andnot_pd(_mm256_set1_pd(-0.0), x); }
+inline bool every_lane(__m256d mask) { return _mm256_movemask_pd(mask) == 0xF; }
+
+// Floats rounded to the nearest fp16 value (ties to even, set in the instruction) and back.
+inline __m128 to_fp16(__m128 x) { return _mm_cvtph_ps(_mm_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT)); }
+
+// The host's arithmetic and conversions round as emu's rne only under round-to-nearest,
+// without flushing of subnormals (results: FTZ; operands: DAZ).
+inline bool host_rounds_to_nearest() {
+  constexpr unsigned kRoundingControl = 0x6000, kFlushToZero = 0x8000, kDenormalsAreZero = 0x0040;
+  return std::fegetround() == FE_TONEAREST &&
+         (_mm_getcsr() & (kRoundingControl | kFlushToZero | kDenormalsAreZero)) == 0;
+}
+
+}  // namespace emu::simd
+
+#else
+#define EMU_SIMD 0
+#endif
