@@ -258,7 +258,7 @@ Measured measure_trainer(roundoff::train::Trainer& trainer, int batch = kBatch, 
 // with_fp_exceptions), one step of each in turn, and prints the time ratio.
 void report_counting(const std::shared_ptr<const Split>& data, roundoff::train::TrainSpec spec, const std::string& scale) {
   const roundoff::Params count_params({{"fp_exceptions", std::string("count")}, {"oflo", true}, {"div0", true},
-                                       {"inv", true}, {"nanoo", false}});
+                                       {"inv", true}, {"nanoo", false}, {"tininess", std::string("before")}});
   roundoff::train::Trainer off(spec, data, kSeed, 0, emu::StreamId{kSeed, 0, 0, 3});
   spec.fp_control = roundoff::with_fp_exceptions(emu::FpControl{}, count_params);
   roundoff::train::Trainer count(spec, data, kSeed, 0, emu::StreamId{kSeed, 0, 0, 3});
@@ -463,7 +463,7 @@ int main(int argc, char** argv) {
   // Counting must leave the AMP's vectorised GEMM on (trapping needs the exact model).
   for (const char* mode : {"off", "count", "trap"}) {
     const roundoff::Params p({{"fp_exceptions", std::string(mode)}, {"oflo", true}, {"div0", true}, {"inv", true},
-                              {"nanoo", false}});
+                              {"nanoo", false}, {"tininess", std::string("before")}});
     const emu::Context ctx(roundoff::with_fp_exceptions(emu::FpControl{}, p));
     std::printf("%sipu-amp vectorised GEMM with fp_exceptions %s: %s", mode == std::string("off") ? "" : ", ", mode,
                 emu::amp_gemm_is_vectorised(ctx, emu::amp_config(emu::PartialsType::float32)) ? "yes" : "no");
