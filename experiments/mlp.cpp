@@ -529,7 +529,7 @@ Trainer::Trainer(const TrainSpec& spec, std::shared_ptr<const data::Split> data,
   scale_ = spec.loss_scale == LossScaleKind::none ? 1.0 : spec.scale;
 }
 
-double Trainer::replica_gradients(Replica& rep, std::size_t first, bool& buffer_overflow) {
+double Trainer::replica_gradients(Replica& rep, std::span<const std::size_t> share, bool& buffer_overflow) {
   const data::Dataset& train = data_->train;
   const std::size_t micro = static_cast<std::size_t>(spec_.batch / (spec_.dp_replicas * spec_.grad_accum));
   const std::size_t features = train.features;
@@ -539,7 +539,7 @@ double Trainer::replica_gradients(Replica& rep, std::size_t first, bool& buffer_
   bool inputs_finite = true, buffer_finite = true;
   for (int m = 0; m < spec_.grad_accum; ++m) {
     for (std::size_t i = 0; i < micro; ++i) {
-      const std::size_t s = order_[first + static_cast<std::size_t>(m) * micro + i];
+      const std::size_t s = share[static_cast<std::size_t>(m) * micro + i];
       y[i] = train.y[s];
       std::copy_n(train_x_.begin() + static_cast<std::ptrdiff_t>(s * features), features,
                   x.begin() + static_cast<std::ptrdiff_t>(i * features));
@@ -600,7 +600,18 @@ StepResult Trainer::step() {
   const std::int64_t in_epoch = steps_ % steps_per_epoch_;
   if (in_epoch == 0)  // a fresh order each epoch (Fisher-Yates)
     for (std::size_t i = order_.size() - 1; i > 0; --i) std::swap(order_[i], order_[order_rng_.next_u64() % (i + 1)]);
+  const std::size_t batch = static_cast<std::size_t>(spec_.batch);
+  return step_on(std::span<const std::size_t>(order_).subspan(static_cast<std::size_t>(in_epoch) * batch, batch));
+}
+
+StepResult Trainer::step_on(std::span<const std::size_t> rows) {
   const std::size_t batch = static_cast<std::size_t>(spec_.batch), replicas = replicas_.size();
+  if (rows.size() != batch)
+    throw std::invalid_argument("Trainer::step_on: " + std::to_string(rows.size()) + " rows for a batch of " +
+                                std::to_string(batch));
+  for (std::size_t row : rows)
+    if (row >= data_->train.size())
+      throw std::invalid_argument("Trainer::step_on: row " + std::to_string(row) + " is not in the training split");
   const std::size_t share = batch / replicas;
   ++steps_;
   StepResult result;
@@ -611,7 +622,7 @@ StepResult Trainer::step() {
   bool accum_overflow = false;
   for (std::size_t r = 0; r < replicas; ++r) {
     bool overflow = false;
-    losses += replica_gradients(replicas_[r], static_cast<std::size_t>(in_epoch) * batch + r * share, overflow);
+    losses += replica_gradients(replicas_[r], rows.subspan(r * share, share), overflow);
     accum_overflow = accum_overflow || overflow;
   }
   const std::size_t micro_batches = replicas * static_cast<std::size_t>(spec_.grad_accum);

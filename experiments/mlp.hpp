@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -287,6 +288,10 @@ class Trainer {
           std::uint32_t replica, emu::StreamId rounding_stream);
   // One optimiser step on the next batch: the benchmark's unit of work.
   StepResult step();
+  // One optimiser step on the given rows of the training split (batch of them; replica r
+  // takes rows [r B / R, (r + 1) B / R), cut into its micro-batches in order). Counts as a
+  // step of the epoch's order. Throws std::invalid_argument for a wrong count or row.
+  StepResult step_on(std::span<const std::size_t> rows);
   std::int64_t steps_per_epoch() const { return steps_per_epoch_; }
   std::int64_t steps_taken() const { return steps_; }
 
@@ -356,10 +361,10 @@ class Trainer {
     emu::Context& update_context() { return update_ctx ? *update_ctx : ctx; }
   };
 
-  // Runs replica r's micro-batches of this step (rows from `first` of order_), leaving
-  // their gradients' sum in its params' grad; returns the sum of their losses; sets
+  // Runs a replica's micro-batches of this step (its share of the rows), leaving their
+  // gradients' sum in its params' grad; returns the sum of their losses; sets
   // buffer_overflow when its buffer turned finite gradients into an inf or NaN.
-  double replica_gradients(Replica& rep, std::size_t first, bool& buffer_overflow);
+  double replica_gradients(Replica& rep, std::span<const std::size_t> share, bool& buffer_overflow);
   // All-reduces every tensor's gradient across the replicas; true when the sum of
   // finite gradients came out inf or NaN.
   bool all_reduce_gradients();
