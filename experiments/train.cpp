@@ -576,7 +576,8 @@ Experiment make_train() {
                          "fraction of " + name + " weight-gradient values exactly zero (underflow or dead units), "
                          "all applied steps; NaN if the layer is absent" + which});
     e.metrics.push_back({"grad_std_" + name, "standard deviation of " + name +
-                                                 " weight gradients (divided by S), pooled over the last epoch"});
+                                                 " weight gradients (divided by S; with dp_replicas R or grad_accum M, the sum of the R M "
+                                                 "micro-batch gradients divided by S R M), pooled over the last epoch"});
   }
   e.headline_metric = "final_test_acc";
   e.traces = {{"loss", "mean batch loss as computed, per step"},
@@ -590,7 +591,8 @@ Experiment make_train() {
   for (const std::string& name : layer_names())
     e.traces.push_back({"grad_hist_" + name,
                         "every hist_every steps, 58 fractions of " + name +
-                            " weight gradients (times S): zero, [2^e, 2^(e+1)) for e = -40..15 (clamped), "
+                            " weight gradients (times S; with dp_replicas R or grad_accum M, the sum of the R M "
+                            "micro-batch gradients that enters the update): zero, [2^e, 2^(e+1)) for e = -40..15 (clamped), "
                             "non-finite; x repeats the step 58 times"});
   e.run = run_train;
   e.check_point = [](const Params& p) -> std::string {
