@@ -479,7 +479,8 @@ Experiment make_train() {
       int_param("hist_every", 0, "record gradient histograms every k steps (0 = never)", 0, 1e9),
       string_param("esr", "off",
                    "the IPU's stochastic rounding ($FP_CTL.ESR) during training, as Graphcore's "
-                   "StochasticRoundingBehaviour: on = every operation of the training steps rounds stochastically "
+                   "StochasticRoundingBehaviour: off = round to nearest (the update rule fp16-sr still rounds its weight "
+                   "update stochastically, with random bits shared by the data-parallel replicas); on = every operation of the training steps rounds stochastically "
                    "into its format (conversions, batch norm, loss, the AMP's fp16 partials and results, "
                    "accumulation, all-reduce, unscaling, the optimiser and the weight update, so fp16-rn updates "
                    "round stochastically too), each data-parallel replica drawing its own random bits; "

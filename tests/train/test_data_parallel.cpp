@@ -95,6 +95,15 @@ std::shared_ptr<data::Split> synthetic(int samples, int features, int classes) {
   return d;
 }
 
+// An MLP with one hidden layer of 16, batch 32, the given update rule.
+TrainSpec small_mlp(UpdateRule rule) {
+  TrainSpec spec;
+  spec.hidden = {16};
+  spec.rule = rule;
+  spec.batch = 32;
+  return spec;
+}
+
 // Every stored array of a replica's trainable tensors equals replica 0's, bit for bit.
 bool replicas_bit_identical(const Trainer& t) {
   const auto same = [](const std::vector<double>& a, const std::vector<double>& b) {
@@ -230,12 +239,9 @@ TEST_CASE("replicas stay bit-identical under esr off and replica_identical_only,
   for (const UpdateRule rule : {UpdateRule::fp16_rn, UpdateRule::fp16_sr, UpdateRule::fp32_master}) {
     std::map<EsrMode, ReplicaDivergence> by_mode;
     for (const EsrMode mode : {EsrMode::off, EsrMode::replica_identical_only, EsrMode::on}) {
-      TrainSpec spec;
-      spec.hidden = {16};
-      spec.rule = rule;
+      TrainSpec spec = small_mlp(rule);
       spec.optimizer.kind = OptimizerKind::momentum;
       spec.lr = 0.05;
-      spec.batch = 32;
       spec.loss_scale = LossScaleKind::constant;
       spec.scale = 256.0;
       spec.esr = mode;
@@ -286,10 +292,7 @@ TEST_CASE("esr replica_identical_only rounds stochastically in the update only",
   std::map<EsrMode, std::unique_ptr<Trainer>> t;
   std::map<EsrMode, double> first_loss;
   for (const EsrMode mode : {EsrMode::off, EsrMode::replica_identical_only, EsrMode::on}) {
-    TrainSpec spec;
-    spec.hidden = {16};
-    spec.rule = UpdateRule::fp16_rn;
-    spec.batch = 32;
+    TrainSpec spec = small_mlp(UpdateRule::fp16_rn);
     spec.esr = mode;
     t[mode] = std::make_unique<Trainer>(spec, data, 1, 0, emu::StreamId{1, 0, 0, 3});
     first_loss[mode] = t[mode]->step().loss;
@@ -306,10 +309,7 @@ TEST_CASE("two replicas equal two accumulated micro-batches, bit for bit", "[tra
   // (Batch-norm running statistics differ: each replica's see only its share.)
   const auto data = synthetic(640, 16, 5);
   auto make = [&](int replicas, int accum) {
-    TrainSpec spec;
-    spec.hidden = {16};
-    spec.rule = UpdateRule::fp16_rn;
-    spec.batch = 32;
+    TrainSpec spec = small_mlp(UpdateRule::fp16_rn);
     spec.loss_scale = LossScaleKind::constant;
     spec.scale = 1024.0;
     spec.dp_replicas = replicas;
