@@ -444,3 +444,35 @@ TEST_CASE("grad_accum: an fp16 buffer overflows at a loss scale where an fp32 bu
   CHECK(d32.at("skipped_steps") == 0);
   CHECK(d32.at("final_loss_scale") == static_cast<double>(1 << first16));
 }
+
+TEST_CASE("one replica without accumulation: the all-reduce and buffer keys change no bit", "[train][dp]") {
+  // With dp_replicas 1 and grad_accum 1 there is no all-reduce and no buffer, so their
+  // formats and order cannot matter: stochastic rounding, dynamic scaling and counted
+  // exceptions included, every metric and trace is the same as with the defaults. (That
+  // these runs equal the ones before data parallelism existed was checked on sweeps over
+  // update rules, esr, loss scaling and fp_exceptions when it was added.)
+  const Overrides base{{"update", s("fp16-sr")}, {"esr", s("on")}, {"loss_scale", s("dynamic")},
+                       {"ls_init", 1048576.0}, {"ls_interval", std::int64_t{10}}, {"fp_exceptions", s("count")},
+                       {"samples", std::int64_t{400}}, {"epochs", std::int64_t{2}}, {"hist_every", std::int64_t{3}}};
+  Overrides other = base;
+  other["dp_replicas"] = std::int64_t{1};
+  other["grad_accum"] = std::int64_t{1};
+  other["allreduce_format"] = s("fp8-e4m3");
+  other["allreduce_order"] = s("tree");
+  other["accum_format"] = s("fp8-e5m2");
+  const RunResult a = testing::run_experiment("train", base, emu::StreamId{7, 0, 0, 0});
+  const RunResult b = testing::run_experiment("train", other, emu::StreamId{7, 0, 0, 0});
+  REQUIRE(a.metrics.size() == b.metrics.size());
+  for (const auto& [name, value] : a.metrics) {
+    INFO(name);
+    CHECK(std::memcmp(&value, &b.metrics.at(name), sizeof value) == 0);
+  }
+  for (const auto& [name, trace] : a.traces) {
+    INFO(name);
+    CHECK(trace.y.size() == b.traces.at(name).y.size());
+    CHECK(std::memcmp(trace.y.data(), b.traces.at(name).y.data(), trace.y.size() * sizeof(double)) == 0);
+  }
+  CHECK(a.flags == b.flags);
+  CHECK(a.fp_counts.size() == b.fp_counts.size());
+  CHECK(a.metrics.at("skipped_steps") > 0);  // the dynamic scaling was exercised
+}
