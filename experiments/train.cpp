@@ -581,7 +581,8 @@ Experiment make_train() {
                                                  "micro-batch gradients divided by S R M), pooled over the last epoch"});
   }
   e.headline_metric = "final_test_acc";
-  e.traces = {{"loss", "mean batch loss as computed, per step (with dp_replicas or grad_accum: the mean, in fp64, of the micro-batches' losses)"},
+  e.traces = {{"loss", "mean batch loss as computed, per step (with dp_replicas or grad_accum: the mean, in fp64, "
+                       "of the micro-batches' losses)"},
               {"loss_scale", "loss scale used, per step"},
               {"bn_scale_std", "per batch-norm layer in forward order, at the end: the standard deviation of its "
                                "scales (gamma) across channels, of their stored state (master copy for fp32-master)",
