@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <limits>
 #include <numeric>
 #include <stdexcept>
@@ -34,6 +35,12 @@ OptimizerKind optimizer_by_name(std::string_view name) {
 }
 ModelKind model_by_name(std::string_view name) {
   return static_cast<ModelKind>(index_by_name(kModelNames, name, "model"));
+}
+EsrMode esr_mode_by_name(std::string_view name) {
+  return static_cast<EsrMode>(index_by_name(kEsrModeNames, name, "esr mode"));
+}
+AllReduceOrder allreduce_order_by_name(std::string_view name) {
+  return static_cast<AllReduceOrder>(index_by_name(kAllReduceOrderNames, name, "allreduce_order"));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -374,11 +381,17 @@ emu::FpControl control_with(emu::FpControl control, emu::Rounding rounding, bool
   return control;
 }
 
-// The stream of the training context's stochastic rounding under esr: the rounding
-// stream's lane 4 (lane 3 is the update rule's).
-emu::StreamId esr_stream(emu::StreamId rounding_stream) {
-  rounding_stream.lane = 4;
+// The streams of stochastic rounding beside the update rule's (the rounding stream
+// itself, lane 3 from train): the training context's under esr (lane 4), and the
+// all-reduce's under replica_identical_only (lane 5).
+emu::StreamId stream_lane(emu::StreamId rounding_stream, std::uint16_t lane) {
+  rounding_stream.lane = lane;
   return rounding_stream;
+}
+constexpr std::uint16_t kEsrLane = 4, kCollectiveLane = 5;
+
+bool all_finite(const std::vector<double>& v) {
+  return std::all_of(v.begin(), v.end(), [](double x) { return std::isfinite(x); });
 }
 
 }  // namespace
@@ -388,9 +401,13 @@ Trainer::Trainer(const TrainSpec& spec, std::shared_ptr<const data::Split> data,
     : spec_(spec),
       data_(std::move(data)),
       formats_{emu::fp32(), emu::fp32(), emu::fp32(), emu::fp32(), emu::fp32()},
-      ctx_(control_with(spec.fp_control, emu::Rounding::rne, spec.esr), emu::Rng(esr_stream(rounding_stream))),
-      sr_ctx_(control_with(spec.fp_control, emu::Rounding::sr), emu::Rng(rounding_stream)),
+      accum_format_(emu::fp32()),
+      allreduce_format_(emu::fp32()),
       order_rng_(emu::StreamId{seed, 0, replica, 2}) {
+  if (spec.dp_replicas < 1 || spec.grad_accum < 1)
+    throw std::invalid_argument("dp_replicas and grad_accum must be at least 1");
+  if (spec.batch % (spec.dp_replicas * spec.grad_accum) != 0)
+    throw std::invalid_argument("batch must be a multiple of dp_replicas x grad_accum");
   const bool baseline = spec.rule == UpdateRule::fp32;
   ParamFormats weight_formats{emu::fp32(), emu::fp32(), emu::fp32(), emu::fp32()};
   if (!baseline) {
@@ -402,6 +419,8 @@ Trainer::Trainer(const TrainSpec& spec, std::shared_ptr<const data::Split> data,
     const emu::Format master = emu::format_by_name(spec.master_format);
     const emu::Format arith = spec.rule == UpdateRule::fp32_master ? master : storage;
     weight_formats = ParamFormats{storage, arith, format_or(spec.state_format, arith), master};
+    accum_format_ = emu::format_by_name(spec.accum_format);
+    allreduce_format_ = emu::format_by_name(spec.allreduce_format);
   }
   // The unscaling format of a tensor whose gradient is computed in `computed`.
   auto unscale_format = [&](const emu::Format& computed) -> std::optional<emu::Format> {
@@ -421,54 +440,88 @@ Trainer::Trainer(const TrainSpec& spec, std::shared_ptr<const data::Split> data,
   bn_updater_ = std::make_unique<Updater>(spec.bn_fp32 && !baseline ? UpdateRule::fp32 : spec.rule, spec.optimizer,
                                           bn_formats);
 
+  // The replicas, their models and contexts (streams: see the class comment).
   const data::Dataset& train = data_->train;
-  switch (spec.model) {
-    case ModelKind::mlp:
-      model_ = std::make_unique<Mlp>(train.features, spec.hidden, train.classes, formats_, *unit_);
-      break;
-    case ModelKind::convnet:
-      model_ = std::make_unique<ConvNet>(train, spec.conv_width1, spec.conv_width2, formats_, *unit_);
-      break;
-    case ModelKind::resnet:
-      model_ = std::make_unique<ResNet>(train, spec.resnet_blocks, spec.resnet_width, formats_, *unit_);
-      break;
-  }
-  params_ = model_->params();
-  const emu::Scope init(ctx_, "init");
-  // He initialisation N(0, 2 / fan_in) in forward order; gamma 1, beta and bias 0.
-  emu::Rng init_rng(emu::StreamId{seed, 0, replica, 1});
-  for (const ParamRef& p : params_) {
-    const bool bn = p.role == ParamRole::bn_scale || p.role == ParamRole::bn_shift;
-    std::vector<double> initial(p.size, p.role == ParamRole::bn_scale ? 1.0 : 0.0);
-    if (p.role == ParamRole::weight) {
-      const double sd = std::sqrt(2.0 / static_cast<double>(p.fan_in));
-      for (double& v : initial) v = sd * init_rng.normal();
+  const bool esr_on = spec.esr == EsrMode::on, identical_only = spec.esr == EsrMode::replica_identical_only;
+  for (int r = 0; r < spec.dp_replicas; ++r) {
+    const auto own = [&](emu::StreamId s) { return esr_on ? replica_stream(s, static_cast<std::uint32_t>(r)) : s; };
+    Replica rep{nullptr,
+                {},
+                emu::Context(control_with(spec.fp_control, emu::Rounding::rne, esr_on),
+                             emu::Rng(own(stream_lane(rounding_stream, kEsrLane)))),
+                emu::Context(control_with(spec.fp_control, emu::Rounding::sr), emu::Rng(own(rounding_stream))),
+                std::nullopt,
+                {}};
+    if (identical_only)
+      rep.update_ctx.emplace(control_with(spec.fp_control, emu::Rounding::rne, true),
+                             emu::Rng(stream_lane(rounding_stream, kEsrLane)));
+    switch (spec.model) {
+      case ModelKind::mlp:
+        rep.model = std::make_unique<Mlp>(train.features, spec.hidden, train.classes, formats_, *unit_);
+        break;
+      case ModelKind::convnet:
+        rep.model = std::make_unique<ConvNet>(train, spec.conv_width1, spec.conv_width2, formats_, *unit_);
+        break;
+      case ModelKind::resnet:
+        rep.model = std::make_unique<ResNet>(train, spec.resnet_blocks, spec.resnet_width, formats_, *unit_);
+        break;
     }
-    (bn ? *bn_updater_ : *weight_updater_).init(*p.param, initial, ctx_);
+    rep.params = rep.model->params();
+    replicas_.push_back(std::move(rep));
   }
-  for (const ParamRef& p : params_)
+  if (identical_only && spec.dp_replicas > 1)
+    collective_ctx_.emplace(control_with(spec.fp_control, emu::Rounding::rne, true),
+                            emu::Rng(stream_lane(rounding_stream, kCollectiveLane)));
+
+  Replica& first = replicas_[0];
+  emu::Context& ctx = first.ctx;
+  {
+    const emu::Scope init(ctx, "init");
+    // He initialisation N(0, 2 / fan_in) in forward order; gamma 1, beta and bias 0.
+    emu::Rng init_rng(emu::StreamId{seed, 0, replica, 1});
+    for (const ParamRef& p : first.params) {
+      const bool bn = p.role == ParamRole::bn_scale || p.role == ParamRole::bn_shift;
+      std::vector<double> initial(p.size, p.role == ParamRole::bn_scale ? 1.0 : 0.0);
+      if (p.role == ParamRole::weight) {
+        const double sd = std::sqrt(2.0 / static_cast<double>(p.fan_in));
+        for (double& v : initial) v = sd * init_rng.normal();
+      }
+      (bn ? *bn_updater_ : *weight_updater_).init(*p.param, initial, ctx);
+    }
+  }
+  // Every replica starts from replica 0's state, as data-parallel training broadcasts it.
+  for (std::size_t r = 1; r < replicas_.size(); ++r)
+    for (std::size_t t = 0; t < first.params.size(); ++t) *replicas_[r].params[t].param = *first.params[t].param;
+  if (spec.grad_accum > 1)
+    for (Replica& rep : replicas_)
+      for (const ParamRef& p : rep.params) rep.accum.emplace_back(p.size);
+
+  for (const ParamRef& p : first.params)
     if (p.role == ParamRole::weight) {
       layer_names_.push_back(std::string("l").append(std::to_string(layer_names_.size() + 1)));
       layer_params_.push_back(p.param);
     }
   int bn_layers = 0;
-  for (const ParamRef& p : params_)
+  for (const ParamRef& p : first.params)
     if (p.role == ParamRole::bn_scale) {
       layer_names_.push_back(std::string("bn").append(std::to_string(++bn_layers)));
       layer_params_.push_back(p.param);
     }
-  for (const ParamRef& p : params_)
+  for (const ParamRef& p : first.params)
     initial_state_.push_back(p.param->master.empty() ? p.param->value : p.param->master);
   run_stats.resize(layer_names_.size());
   window_stats.resize(layer_names_.size());
 
-  train_x_.resize(train.x.size());
-  const Shape inputs = model_->input_shape(train.size());
-  for (std::size_t i = 0; i < train.x.size(); ++i) {
-    set_element(ctx_, inputs, i);
-    train_x_[i] = ctx_.convert(formats_.act, train.x[i]);
+  {
+    const emu::Scope init(ctx, "init");
+    train_x_.resize(train.x.size());
+    const Shape inputs = first.model->input_shape(train.size());
+    for (std::size_t i = 0; i < train.x.size(); ++i) {
+      set_element(ctx, inputs, i);
+      train_x_[i] = ctx.convert(formats_.act, train.x[i]);
+    }
+    ctx.clear_element();
   }
-  ctx_.clear_element();
   steps_per_epoch_ = static_cast<std::int64_t>(train.size()) / spec.batch;
   if (steps_per_epoch_ < 1) throw std::invalid_argument("batch is larger than the training split");
   order_.resize(train.size());
@@ -476,27 +529,114 @@ Trainer::Trainer(const TrainSpec& spec, std::shared_ptr<const data::Split> data,
   scale_ = spec.loss_scale == LossScaleKind::none ? 1.0 : spec.scale;
 }
 
-StepResult Trainer::step() {
+double Trainer::replica_gradients(Replica& rep, std::span<const std::size_t> share, bool& buffer_overflow) {
   const data::Dataset& train = data_->train;
+  const std::size_t micro = static_cast<std::size_t>(spec_.batch / (spec_.dp_replicas * spec_.grad_accum));
+  const std::size_t features = train.features;
+  std::vector<double> x(micro * features);
+  std::vector<int> y(micro);
+  double losses = 0.0;
+  bool inputs_finite = true, buffer_finite = true;
+  for (int m = 0; m < spec_.grad_accum; ++m) {
+    for (std::size_t i = 0; i < micro; ++i) {
+      const std::size_t s = share[static_cast<std::size_t>(m) * micro + i];
+      y[i] = train.y[s];
+      std::copy_n(train_x_.begin() + static_cast<std::ptrdiff_t>(s * features), features,
+                  x.begin() + static_cast<std::ptrdiff_t>(i * features));
+    }
+    losses += rep.model->forward_backward(rep.ctx, x, y, scale_);
+    if (spec_.grad_accum == 1) break;
+    // The buffer holds the sum of the micro-batches' gradients (times S) in accum_format.
+    const emu::Scope accumulate(rep.ctx, "accumulate");
+    for (std::size_t t = 0; t < rep.params.size(); ++t) {
+      const emu::Scope scope(rep.ctx, rep.params[t].name);
+      const std::vector<double>& g = rep.params[t].param->grad;
+      std::vector<double>& buffer = rep.accum[t];
+      inputs_finite = inputs_finite && all_finite(g);
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        rep.ctx.set_element(static_cast<std::int64_t>(i));
+        buffer[i] = m == 0 ? rep.ctx.convert(accum_format_, g[i]) : rep.ctx.add(accum_format_, buffer[i], g[i]);
+      }
+      rep.ctx.clear_element();
+    }
+  }
+  if (spec_.grad_accum > 1)
+    for (std::size_t t = 0; t < rep.params.size(); ++t) {
+      buffer_finite = buffer_finite && all_finite(rep.accum[t]);
+      rep.params[t].param->grad = rep.accum[t];
+    }
+  buffer_overflow = inputs_finite && !buffer_finite;
+  return losses;
+}
+
+bool Trainer::all_reduce_gradients() {
+  const std::size_t replicas = replicas_.size();
+  std::vector<emu::Context*> contexts;
+  for (Replica& rep : replicas_) contexts.push_back(collective_ctx_ ? &*collective_ctx_ : &rep.ctx);
+  std::vector<emu::Context*> distinct = contexts;
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  bool inputs_finite = true, output_finite = true;
+  std::vector<std::vector<double>*> copies(replicas);
+  for (std::size_t t = 0; t < replicas_[0].params.size(); ++t) {
+    for (std::size_t r = 0; r < replicas; ++r) {
+      copies[r] = &replicas_[r].params[t].param->grad;
+      inputs_finite = inputs_finite && all_finite(*copies[r]);
+    }
+    {
+      std::deque<emu::Scope> scopes;
+      for (emu::Context* c : distinct) {
+        scopes.emplace_back(*c, "allreduce");
+        scopes.emplace_back(*c, replicas_[0].params[t].name);
+      }
+      all_reduce(copies, allreduce_format_, spec_.allreduce_order, contexts);
+      while (!scopes.empty()) scopes.pop_back();  // inner scope first
+    }
+    output_finite = output_finite && all_finite(*copies[0]);
+  }
+  return inputs_finite && !output_finite;
+}
+
+StepResult Trainer::step() {
   const std::int64_t in_epoch = steps_ % steps_per_epoch_;
   if (in_epoch == 0)  // a fresh order each epoch (Fisher-Yates)
     for (std::size_t i = order_.size() - 1; i > 0; --i) std::swap(order_[i], order_[order_rng_.next_u64() % (i + 1)]);
-  const std::size_t batch = spec_.batch, features = train.features;
-  std::vector<double> x(batch * features);
-  std::vector<int> y(batch);
-  for (std::size_t i = 0; i < batch; ++i) {
-    const std::size_t s = order_[in_epoch * batch + i];
-    y[i] = train.y[s];
-    std::copy_n(train_x_.begin() + static_cast<std::ptrdiff_t>(s * features), features, x.begin() + static_cast<std::ptrdiff_t>(i * features));
-  }
+  const std::size_t batch = static_cast<std::size_t>(spec_.batch);
+  return step_on(std::span<const std::size_t>(order_).subspan(static_cast<std::size_t>(in_epoch) * batch, batch));
+}
+
+StepResult Trainer::step_on(std::span<const std::size_t> rows) {
+  const std::size_t batch = static_cast<std::size_t>(spec_.batch), replicas = replicas_.size();
+  if (rows.size() != batch)
+    throw std::invalid_argument("Trainer::step_on: " + std::to_string(rows.size()) + " rows for a batch of " +
+                                std::to_string(batch));
+  for (std::size_t row : rows)
+    if (row >= data_->train.size())
+      throw std::invalid_argument("Trainer::step_on: row " + std::to_string(row) + " is not in the training split");
+  const std::size_t share = batch / replicas;
   ++steps_;
   StepResult result;
   result.scale = scale_;
-  result.loss = model_->forward_backward(ctx_, x, y, scale_);
 
+  // Each replica's gradients, then their all-reduce.
+  double losses = 0.0;
+  bool accum_overflow = false;
+  for (std::size_t r = 0; r < replicas; ++r) {
+    bool overflow = false;
+    losses += replica_gradients(replicas_[r], rows.subspan(r * share, share), overflow);
+    accum_overflow = accum_overflow || overflow;
+  }
+  const std::size_t micro_batches = replicas * static_cast<std::size_t>(spec_.grad_accum);
+  result.loss = losses / static_cast<double>(micro_batches);
+  const bool allreduce_overflow = replicas > 1 && all_reduce_gradients();
+
+  std::vector<ParamRef>& params = replicas_[0].params;
   bool finite = true;
-  for (const ParamRef& p : params_)
-    for (double g : p.param->grad) finite = finite && std::isfinite(g);
+  for (const ParamRef& p : params) finite = finite && all_finite(p.param->grad);
+  if (!finite) {
+    ++nonfinite_steps_;
+    accum_overflow_steps_ += accum_overflow;
+    allreduce_overflow_steps_ += allreduce_overflow;
+  }
   if (!finite && spec_.loss_scale == LossScaleKind::dynamic) {
     result.skipped = true;
     ++skipped_;
@@ -505,39 +645,45 @@ StepResult Trainer::step() {
     return result;
   }
 
+  // The sum of R M micro-batch gradients is divided by S R M (exactly S when R M = 1).
+  const double divisor = scale_ * static_cast<double>(micro_batches);
   for (std::size_t l = 0; l < layer_params_.size(); ++l)
     for (double g : layer_params_[l]->grad) {
-      run_stats[l].add(g / scale_);
-      window_stats[l].add(g / scale_);
+      run_stats[l].add(g / divisor);
+      window_stats[l].add(g / divisor);
     }
 
   ++applied_;
-  const emu::Scope update(ctx_, "update"), sr_update(sr_ctx_, "update");
-  auto apply = [&](const Updater& u, Param& p, const std::string& name, bool track_lr) {
-    const emu::Scope scope(ctx_, name), sr_scope(sr_ctx_, name);
-    const emu::Format& ar = u.formats().arith;
-    double lr, divisor = 1.0;
-    if (spec_.unscale_lr) {
-      // lr / S rounded once into the unscaling format, then into the update arithmetic's.
-      const std::optional<emu::Format>& un = u.formats().unscale;
-      lr = !un || *un == ar ? ctx_.div(ar, spec_.lr, scale_) : ctx_.convert(ar, ctx_.div(*un, spec_.lr, scale_));
-      if (track_lr) {
-        const double exact = spec_.lr / scale_;
-        effective_lr_ = lr;
-        effective_lr_error_max_ = std::max(effective_lr_error_max_, std::fabs(lr - exact) / exact);
+  for (std::size_t r = 0; r < replicas; ++r) {
+    Replica& rep = replicas_[r];
+    emu::Context& ctx = rep.update_context();
+    const emu::Scope update(ctx, "update"), sr_update(rep.sr_ctx, "update");
+    auto apply = [&](const Updater& u, Param& p, const std::string& name, bool track_lr) {
+      const emu::Scope scope(ctx, name), sr_scope(rep.sr_ctx, name);
+      const emu::Format& ar = u.formats().arith;
+      double lr, grad_divisor = 1.0;
+      if (spec_.unscale_lr) {
+        // lr / (S R M) rounded once into the unscaling format, then into the update arithmetic's.
+        const std::optional<emu::Format>& un = u.formats().unscale;
+        lr = !un || *un == ar ? ctx.div(ar, spec_.lr, divisor) : ctx.convert(ar, ctx.div(*un, spec_.lr, divisor));
+        if (track_lr) {
+          const double exact = spec_.lr / divisor;
+          effective_lr_ = lr;
+          effective_lr_error_max_ = std::max(effective_lr_error_max_, std::fabs(lr - exact) / exact);
+        }
+      } else {
+        lr = ctx.convert(ar, spec_.lr);
+        grad_divisor = divisor;
+        if (track_lr) effective_lr_ = lr;
       }
-    } else {
-      lr = ctx_.convert(ar, spec_.lr);
-      divisor = scale_;
-      if (track_lr) effective_lr_ = lr;
+      u.step(p, applied_, grad_divisor, lr, ctx, rep.sr_ctx, counts_);
+    };
+    bool first_weight = r == 0;  // replica 0's first weight tensor: its learning rate is effective_lr()
+    for (const ParamRef& p : rep.params) {
+      const bool bn = p.role == ParamRole::bn_scale || p.role == ParamRole::bn_shift;
+      apply(bn ? *bn_updater_ : *weight_updater_, *p.param, p.name, first_weight && p.role == ParamRole::weight);
+      if (p.role == ParamRole::weight) first_weight = false;
     }
-    u.step(p, applied_, divisor, lr, ctx_, sr_ctx_, counts_);
-  };
-  bool first_weight = true;  // its learning rate is the one effective_lr() reports
-  for (const ParamRef& p : params_) {
-    const bool bn = p.role == ParamRole::bn_scale || p.role == ParamRole::bn_shift;
-    apply(bn ? *bn_updater_ : *weight_updater_, *p.param, p.name, first_weight && p.role == ParamRole::weight);
-    if (p.role == ParamRole::weight) first_weight = false;
   }
 
   if (spec_.loss_scale == LossScaleKind::dynamic && ++clean_run_ >= spec_.scale_interval) {
@@ -548,7 +694,7 @@ StepResult Trainer::step() {
 }
 
 std::uint64_t Trainer::changed_values(std::size_t t) const {
-  const Param& p = *params_[t].param;
+  const Param& p = *params()[t].param;
   const std::vector<double>& now = p.master.empty() ? p.value : p.master;
   std::uint64_t changed = 0;
   for (std::size_t i = 0; i < now.size(); ++i)
@@ -558,23 +704,42 @@ std::uint64_t Trainer::changed_values(std::size_t t) const {
 
 double Trainer::frac_values_changed() const {
   std::uint64_t values = 0, changed = 0;
-  for (std::size_t t = 0; t < params_.size(); ++t) {
-    values += params_[t].size;
+  for (std::size_t t = 0; t < params().size(); ++t) {
+    values += params()[t].size;
     changed += changed_values(t);
   }
   return values ? static_cast<double>(changed) / static_cast<double>(values) : 0.0;
 }
 
 std::uint64_t Trainer::values_changed(const Param& p) const {
-  for (std::size_t t = 0; t < params_.size(); ++t)
-    if (params_[t].param == &p) return changed_values(t);
+  for (std::size_t t = 0; t < params().size(); ++t)
+    if (params()[t].param == &p) return changed_values(t);
   throw std::logic_error("Trainer::values_changed: not a parameter of this model");
+}
+
+const emu::Format& Trainer::state_format(const ParamRef& p) const {
+  const bool bn = p.role == ParamRole::bn_scale || p.role == ParamRole::bn_shift;
+  const Updater& u = bn ? *bn_updater_ : *weight_updater_;
+  return u.rule() == UpdateRule::fp32_master ? u.formats().master : u.formats().storage;
+}
+
+ReplicaDivergence Trainer::replica_divergence() const {
+  ReplicaDivergence d;
+  std::vector<const std::vector<double>*> copies(replicas_.size());
+  for (std::size_t t = 0; t < params().size(); ++t) {
+    for (std::size_t r = 0; r < replicas_.size(); ++r) {
+      const Param& p = *replicas_[r].params[t].param;
+      copies[r] = p.master.empty() ? &p.value : &p.master;
+    }
+    d.add(state_format(params()[t]), copies);
+  }
+  return d;
 }
 
 Evaluation Trainer::evaluate(const data::Dataset& d, const char* scope) {
   emu::Context ctx(control_with(spec_.fp_control, emu::Rounding::rne));
   const emu::Scope evaluate(ctx, "evaluate"), split(ctx, scope);
-  const Evaluation e = model_->evaluate(ctx, d);
+  const Evaluation e = model().evaluate(ctx, d);
   merge_counts(evaluation_counts_, ctx.counts());
   return e;
 }
@@ -582,9 +747,21 @@ Evaluation Trainer::evaluate(const data::Dataset& d, const char* scope) {
 Evaluation Trainer::evaluate_train() { return evaluate(data_->train, "train"); }
 Evaluation Trainer::evaluate_test() { return evaluate(data_->test, "test"); }
 
+emu::Flags Trainer::flags() const {
+  emu::Flags f = collective_ctx_ ? collective_ctx_->status() : 0;
+  for (const Replica& rep : replicas_)
+    f |= rep.ctx.status() | rep.sr_ctx.status() | (rep.update_ctx ? rep.update_ctx->status() : 0);
+  return f;
+}
+
 std::vector<emu::OpCount> Trainer::fp_counts() const {
-  std::vector<emu::OpCount> counts = ctx_.counts();
-  merge_counts(counts, sr_ctx_.counts());
+  std::vector<emu::OpCount> counts;
+  for (const Replica& rep : replicas_) {
+    merge_counts(counts, rep.ctx.counts());
+    merge_counts(counts, rep.sr_ctx.counts());
+    if (rep.update_ctx) merge_counts(counts, rep.update_ctx->counts());
+  }
+  if (collective_ctx_) merge_counts(counts, collective_ctx_->counts());
   merge_counts(counts, evaluation_counts_);
   return counts;
 }

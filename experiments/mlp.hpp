@@ -9,10 +9,12 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "data_parallel.hpp"
 #include "datasets.hpp"
 #include "experiment.hpp"
 #include "emu/arith.hpp"
@@ -160,6 +162,22 @@ class Mlp final : public Model {
 
 enum class LossScaleKind { none, constant, dynamic };
 
+// The IPU's stochastic rounding during training (train's esr; Graphcore's
+// StochasticRoundingBehaviour OFF, ON, REPLICA_IDENTICAL_ONLY):
+//  off: round to nearest (the update rule fp16-sr still rounds its weight update
+//       stochastically, from a stream all data-parallel replicas share);
+//  on:  every operation of the training steps rounds stochastically, each data-parallel
+//       replica drawing from its own stream, so replicas drift apart;
+//  replica_identical_only: stochastic rounding only where every replica computes the
+//       same operation on the same inputs: the all-reduce (its sum is what every replica
+//       receives) and the update after it (unscaling, optimiser, weight update), from
+//       streams all replicas share; round to nearest in the forward and backward passes
+//       and the accumulation, whose inputs are each replica's own data. The replicas stay
+//       bit-identical.
+enum class EsrMode { off, on, replica_identical_only };
+inline constexpr const char* kEsrModeNames[] = {"off", "on", "replica_identical_only"};
+EsrMode esr_mode_by_name(std::string_view name);  // throws std::invalid_argument
+
 // The trained model (train's `model` parameter): the MLP of this file, or the
 // convolutional models of convnets.hpp.
 enum class ModelKind { mlp, convnet, resnet };
@@ -197,10 +215,21 @@ struct TrainSpec {
   // exceptions: traps, counted and overflow (with_fp_exceptions); its rounding and esr
   // are ignored (round to nearest, stochastic where the update rule or `esr` says so).
   emu::FpControl fp_control{};
-  // The IPU's $FP_CTL.ESR during training: every operation of the training steps rounds
-  // stochastically (emu::FpControl::esr), drawing from the rounding stream's lane 4;
-  // evaluation rounds to nearest.
-  bool esr = false;
+  // The IPU's $FP_CTL.ESR during training (EsrMode): stochastic rounding
+  // (emu::FpControl::esr) draws from the rounding stream's lane 4 (see Trainer for the
+  // replicas' streams); evaluation rounds to nearest.
+  EsrMode esr = EsrMode::off;
+  // Data-parallel replicas R: each computes the gradients of its contiguous share of the
+  // batch on its own copy of the model; the gradients are all-reduced in
+  // allreduce_format and allreduce_order; each replica updates its own copy.
+  int dp_replicas = 1;
+  std::string allreduce_format = "fp32";
+  AllReduceOrder allreduce_order = AllReduceOrder::ring;
+  // Micro-batches M per optimiser step: each replica's share is cut into M contiguous
+  // micro-batches of batch / (R M) samples whose gradients (times the loss scale) are
+  // summed in a buffer of accum_format (none when M = 1).
+  int grad_accum = 1;
+  std::string accum_format = "fp32";
 };
 inline constexpr const char* kUnscaleFormatNames[] = {"auto", "fp32", "compute"};
 
@@ -216,7 +245,7 @@ struct GradStats {
 };
 
 struct StepResult {
-  double loss = 0.0;    // mean batch loss as computed
+  double loss = 0.0;    // mean batch loss as computed (the mean of the micro-batches' losses)
   double scale = 1.0;   // loss scale used in this step
   bool skipped = false; // dynamic scaling found inf/NaN in a gradient
 };
@@ -229,40 +258,78 @@ struct StepResult {
 // esr). Initialisation: weights He-normal N(0,
 // 2 / fan_in) drawn in forward order, batch-norm scales 1, shifts and biases 0.
 // Scopes of the counts and traps: init, forward.*, loss, backward.* (the model's
-// forward_backward), update.<tensor> (the model's parameter names: l<k>, l<L>.bias,
+// forward_backward), accumulate.<tensor> (grad_accum > 1), allreduce.<tensor>
+// (dp_replicas > 1), update.<tensor> (the model's parameter names: l<k>, l<L>.bias,
 // bn<k>.gamma, bn<k>.beta for the MLP; element = the value's flat index), and
 // evaluate.train.* / evaluate.test.* (input, the model's layers, loss).
+//
+// Data parallelism and gradient accumulation (TrainSpec::dp_replicas R, grad_accum M):
+// a step's batch of B samples is cut into R contiguous shares, replica r's share into M
+// contiguous micro-batches of B / (R M) samples (B must be a multiple of R M). Each
+// replica holds its own model (weights, optimiser state, batch-norm running statistics,
+// all starting as replica 0's after initialisation) and contexts. For each micro-batch it
+// runs forward and backward (the gradient of the micro-batch's mean loss times S) and,
+// with M > 1, adds the gradient into its buffer, rounded into accum_format (the first
+// micro-batch's gradient is converted into it). With R > 1 the buffers (or gradients) are
+// all-reduced (all_reduce in data_parallel.hpp). The sum of the R M gradients then enters
+// the update with the division by S R M in place of the division by S (one rounding, or
+// lr / (S R M) under unscale: lr); with R M = 1 nothing changes. Dynamic scaling skips
+// the step on an inf/NaN in that sum, on every replica. Each replica updates its own
+// weights. The update: fp32 baseline accumulates and all-reduces in fp32 whatever the
+// format parameters say. Replica r's stochastic rounding (esr: on) draws from lanes
+// 3 + 256 r (the update rule) and 4 + 256 r (esr) of the rounding stream; under off and
+// replica_identical_only the update rule's lane 3 is shared by all replicas, and under
+// replica_identical_only the update draws from lane 4 and the all-reduce from lane 5,
+// both shared. Replica 0 is the one that the accessors below, the evaluations and the
+// gradient statistics describe.
 class Trainer {
  public:
   Trainer(const TrainSpec& spec, std::shared_ptr<const data::Split> data, std::uint64_t seed,
           std::uint32_t replica, emu::StreamId rounding_stream);
   // One optimiser step on the next batch: the benchmark's unit of work.
   StepResult step();
+  // One optimiser step on the given rows of the training split (batch of them; replica r
+  // takes rows [r B / R, (r + 1) B / R), cut into its micro-batches in order). Counts as a
+  // step of the epoch's order. Throws std::invalid_argument for a wrong count or row.
+  StepResult step_on(std::span<const std::size_t> rows);
   std::int64_t steps_per_epoch() const { return steps_per_epoch_; }
   std::int64_t steps_taken() const { return steps_; }
 
-  Model& model() { return *model_; }
-  const Model& model() const { return *model_; }
+  Model& model() { return *replicas_[0].model; }
+  const Model& model() const { return *replicas_[0].model; }
   // The model's trainable tensors (Model::params), in update order.
-  const std::vector<ParamRef>& params() const { return params_; }
+  const std::vector<ParamRef>& params() const { return replicas_[0].params; }
+  // Data-parallel replica r's model and trainable tensors (0 <= r < dp_replicas).
+  std::size_t replica_count() const { return replicas_.size(); }
+  const std::vector<ParamRef>& replica_params(std::size_t r) const { return replicas_.at(r).params; }
   // Layer names: l1.. for the weight tensors in forward order (Linear, convolution or
   // dense), bn1.. for the batch-norm scales (gammas) in forward order.
   const std::vector<std::string>& layer_names() const { return layer_names_; }
   const std::vector<const Param*>& layer_params() const { return layer_params_; }
   double loss_scale() const { return scale_; }
   std::int64_t skipped_steps() const { return skipped_; }
+  // Steps whose gradient entering the update (after accumulation and all-reduce) held an
+  // inf or NaN (under dynamic scaling: the skipped steps; otherwise applied as they are),
+  // and of those, the steps where the accumulation buffer of some replica, or the
+  // all-reduce, turned gradients that were all finite into an inf or NaN.
+  std::int64_t nonfinite_grad_steps() const { return nonfinite_steps_; }
+  std::int64_t accum_overflow_steps() const { return accum_overflow_steps_; }
+  std::int64_t allreduce_overflow_steps() const { return allreduce_overflow_steps_; }
+  // The update counts of every replica together.
   const UpdateCounts& update_counts() const { return counts_; }
   // The learning rate as the weights' update arithmetic holds it last step (lr / S
   // under unscale: lr), and the largest relative error of that rounding seen so far
   // (1 = underflow to zero).
   double effective_lr() const { return effective_lr_; }
   double effective_lr_error_max() const { return effective_lr_error_max_; }
-  // Sticky FP status of the training steps (evaluation has its own context).
-  emu::Flags flags() const { return ctx_.status() | sr_ctx_.status(); }
-  // The counted flags of training and of the evaluations so far (TrainSpec::fp_control).
+  // Sticky FP status of the training steps, every replica's (evaluation has its own context).
+  emu::Flags flags() const;
+  // The counted flags of training (the replicas' in replica order, then the all-reduce's
+  // under replica_identical_only) and of the evaluations so far (TrainSpec::fp_control).
   std::vector<emu::OpCount> fp_counts() const;
   // Gradient statistics per layer over all applied steps, and over a window the caller
-  // resets (e.g. at the start of the last epoch).
+  // resets (e.g. at the start of the last epoch): of the gradient that enters the
+  // update, divided by S R M (the mean gradient of the batch, unscaled).
   std::vector<GradStats> run_stats, window_stats;
   void reset_window() { window_stats.assign(window_stats.size(), GradStats{}); }
 
@@ -270,34 +337,59 @@ class Trainer {
   // Their contexts' counts join fp_counts().
   Evaluation evaluate_train();
   Evaluation evaluate_test();
-  Evaluation evaluate_train_fp64() const { return model_->evaluate_fp64(data_->train); }
-  Evaluation evaluate_test_fp64() const { return model_->evaluate_fp64(data_->test); }
+  Evaluation evaluate_train_fp64() const { return model().evaluate_fp64(data_->train); }
+  Evaluation evaluate_test_fp64() const { return model().evaluate_fp64(data_->test); }
   // Fraction of the trainable values (weights, biases, batch-norm gamma and beta)
   // whose stored state (the master copy for fp32-master) differs from its initial value.
   double frac_values_changed() const;
   // The number of one tensor's values whose stored state differs from its initial value
   // (NaN counts as changed). Throws std::logic_error for a tensor not in params().
   std::uint64_t values_changed(const Param& p) const;
+  // How far the replicas' stored states (the master copy for fp32-master) of the
+  // trainable values have drifted apart, in their formats (all zero for one replica).
+  ReplicaDivergence replica_divergence() const;
 
  private:
+  // One data-parallel replica: its model, contexts and accumulation buffers.
+  struct Replica {
+    std::unique_ptr<Model> model;
+    std::vector<ParamRef> params;  // model->params()
+    emu::Context ctx;              // forward, backward, accumulation; the update unless update_ctx
+    emu::Context sr_ctx;           // the update rule's stochastic rounding (fp16-sr)
+    std::optional<emu::Context> update_ctx;       // replica_identical_only: the update's
+    std::vector<std::vector<double>> accum;       // per tensor, grad_accum > 1
+    emu::Context& update_context() { return update_ctx ? *update_ctx : ctx; }
+  };
+
+  // Runs a replica's micro-batches of this step (its share of the rows), leaving their
+  // gradients' sum in its params' grad; returns the sum of their losses; sets
+  // buffer_overflow when its buffer turned finite gradients into an inf or NaN.
+  double replica_gradients(Replica& rep, std::span<const std::size_t> share, bool& buffer_overflow);
+  // All-reduces every tensor's gradient across the replicas; true when the sum of
+  // finite gradients came out inf or NaN.
+  bool all_reduce_gradients();
+  // The state format of a tensor (master or storage format of its updater).
+  const emu::Format& state_format(const ParamRef& p) const;
+
   TrainSpec spec_;
   std::shared_ptr<const data::Split> data_;
   ModelFormats formats_;
+  emu::Format accum_format_, allreduce_format_;
   std::unique_ptr<emu::MatrixUnit> unit_;
-  std::unique_ptr<Model> model_;
-  std::vector<ParamRef> params_;  // model_->params()
+  std::vector<Replica> replicas_;
+  std::optional<emu::Context> collective_ctx_;  // the all-reduce's under replica_identical_only
   std::unique_ptr<Updater> weight_updater_, bn_updater_;
-  emu::Context ctx_, sr_ctx_;
   emu::Rng order_rng_;
   std::vector<double> train_x_;  // standardised inputs rounded into the act format
   std::vector<std::size_t> order_;
   std::int64_t steps_per_epoch_ = 0, steps_ = 0, applied_ = 0, skipped_ = 0, clean_run_ = 0;
+  std::int64_t nonfinite_steps_ = 0, accum_overflow_steps_ = 0, allreduce_overflow_steps_ = 0;
   double scale_ = 1.0, effective_lr_ = 0.0, effective_lr_error_max_ = 0.0;
   UpdateCounts counts_;
   std::vector<std::string> layer_names_;
   std::vector<const Param*> layer_params_;
   std::vector<std::vector<double>> initial_state_;  // per trainable tensor, see frac_values_changed
-  std::uint64_t changed_values(std::size_t tensor) const;  // of params_[tensor]
+  std::uint64_t changed_values(std::size_t tensor) const;  // of params()[tensor]
   std::vector<emu::OpCount> evaluation_counts_;
   Evaluation evaluate(const data::Dataset& d, const char* scope);
 };

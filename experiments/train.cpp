@@ -59,10 +59,11 @@ std::string check_unit_accepts(const std::string& unit, const std::string& act_f
   return answers.emplace(key, answer).first->second;
 }
 
+// (append: gcc 12 warns falsely (-Wrestrict) on "l" + std::to_string(...).)
 std::vector<std::string> layer_names() {
   std::vector<std::string> names;
-  for (int l = 1; l <= kMaxLayers; ++l) names.push_back("l" + std::to_string(l));
-  for (int b = 1; b < kMaxLayers; ++b) names.push_back("bn" + std::to_string(b));
+  for (int l = 1; l <= kMaxLayers; ++l) names.push_back(std::string("l").append(std::to_string(l)));
+  for (int b = 1; b < kMaxLayers; ++b) names.push_back(std::string("bn").append(std::to_string(b)));
   return names;
 }
 
@@ -279,7 +280,12 @@ RunResult run_train(const Params& p, const RunEnv& env) {
   spec.unscale_lr = p.string("unscale") == "lr";
   spec.unscale_format = p.string("unscale_format");
   spec.fp_control = with_fp_exceptions(emu::FpControl{}, p);
-  spec.esr = p.string("esr") == "on";
+  spec.esr = esr_mode_by_name(p.string("esr"));
+  spec.dp_replicas = static_cast<int>(p.integer("dp_replicas"));
+  spec.allreduce_format = p.string("allreduce_format");
+  spec.allreduce_order = allreduce_order_by_name(p.string("allreduce_order"));
+  spec.grad_accum = static_cast<int>(p.integer("grad_accum"));
+  spec.accum_format = p.string("accum_format");
   const std::int64_t hist_every = p.integer("hist_every");
 
   const Standardisation how =
@@ -332,6 +338,13 @@ RunResult run_train(const Params& p, const RunEnv& env) {
   m["frac_values_changed"] = trainer.frac_values_changed();
   m["steps"] = static_cast<double>(total);
   m["skipped_steps"] = static_cast<double>(trainer.skipped_steps());
+  m["nonfinite_grad_steps"] = static_cast<double>(trainer.nonfinite_grad_steps());
+  m["accum_overflow_steps"] = static_cast<double>(trainer.accum_overflow_steps());
+  m["allreduce_overflow_steps"] = static_cast<double>(trainer.allreduce_overflow_steps());
+  const ReplicaDivergence divergence = trainer.replica_divergence();
+  m["replica_max_ulp_diff"] = divergence.max_ulps;
+  m["replica_max_rel_diff"] = divergence.max_rel;
+  m["replica_frac_differ"] = divergence.frac_differing();
   m["final_loss_scale"] = trainer.loss_scale();
   const UpdateCounts& counts = trainer.update_counts();
   m["frac_lost_updates"] = counts.updates ? static_cast<double>(counts.lost) / static_cast<double>(counts.updates) : kNaN;
@@ -465,12 +478,41 @@ Experiment make_train() {
                    names_of(kUnscaleFormatNames)),
       int_param("hist_every", 0, "record gradient histograms every k steps (0 = never)", 0, 1e9),
       string_param("esr", "off",
-                   "the IPU's stochastic rounding ($FP_CTL.ESR) during training: on = every operation of the "
-                   "training steps rounds stochastically into its format (conversions, batch norm, loss, the "
-                   "AMP's fp16 partials and results, unscaling, the optimiser and the weight update, so fp16-rn "
-                   "updates round stochastically too); the tensor cores keep their own rounding; the evaluation "
-                   "rounds to nearest",
-                   {"off", "on"}),
+                   "the IPU's stochastic rounding ($FP_CTL.ESR) during training, as Graphcore's "
+                   "StochasticRoundingBehaviour: off = round to nearest (the update rule fp16-sr still rounds its weight "
+                   "update stochastically, with random bits shared by the data-parallel replicas); on = every operation of the training steps rounds stochastically "
+                   "into its format (conversions, batch norm, loss, the AMP's fp16 partials and results, "
+                   "accumulation, all-reduce, unscaling, the optimiser and the weight update, so fp16-rn updates "
+                   "round stochastically too), each data-parallel replica drawing its own random bits; "
+                   "replica_identical_only = only the all-reduce and the update after it (operations whose inputs "
+                   "are the same on every replica) round stochastically, with random bits shared by the replicas, "
+                   "the rest to nearest, so the replicas stay bit-identical; the tensor cores keep their own "
+                   "rounding; the evaluation rounds to nearest",
+                   names_of(kEsrModeNames)),
+      int_param("dp_replicas", 1,
+                "data-parallel replicas R, run one after the other: each takes its contiguous share (batch / R "
+                "samples) of every batch, computes gradients on its own copy of the model, the gradients are "
+                "all-reduced (allreduce_format, allreduce_order) and each replica updates its own copy; batch must "
+                "be a multiple of R x grad_accum; metrics describe replica 0",
+                1, 256),
+      string_param("allreduce_format", "fp32",
+                   "dp_replicas > 1: the all-reduce's data type: each replica's gradient is rounded into it and every "
+                   "partial sum is rounded into it (the update: fp32 baseline reduces in fp32)",
+                   {}, check_format_name),
+      string_param("allreduce_order", "ring",
+                   "dp_replicas > 1: the all-reduce's summation order: ring (reduce-scatter of a ring all-reduce: "
+                   "chunk c of R contiguous chunks summed in replica order c, c+1, ..., c+R-1 mod R) or tree "
+                   "(pairwise: (g0 + g1) + (g2 + g3) ...)",
+                   names_of(kAllReduceOrderNames)),
+      int_param("grad_accum", 1,
+                "micro-batches M per optimiser step: `batch` stays the samples of one step, each replica's share "
+                "is cut into M micro-batches of batch / (dp_replicas x M) samples, whose gradients (times the loss "
+                "scale) are summed in an accum_format buffer before the update divides by S x dp_replicas x M",
+                1, 65536),
+      string_param("accum_format", "fp32",
+                   "grad_accum > 1: the accumulation buffer's format (every addition rounded into it; the update: "
+                   "fp32 baseline accumulates in fp32)",
+                   {}, check_format_name),
   };
   e.params.insert(e.params.end(), more.begin(), more.end());
   for (ParamSpec& s : fp_exception_params()) e.params.push_back(std::move(s));
@@ -495,6 +537,20 @@ Experiment make_train() {
       {"final_test_acc_fp64", "accuracy on the test split" + in_fp64},
       {"steps", "optimiser steps attempted"},
       {"skipped_steps", "steps skipped by dynamic loss scaling (inf/NaN in a gradient)"},
+      {"nonfinite_grad_steps", "steps whose gradient entering the update (after accumulation and all-reduce) held "
+                               "an inf or NaN: skipped under dynamic scaling, applied as they are otherwise"},
+      {"accum_overflow_steps", "of nonfinite_grad_steps, those where a replica's accumulation buffer (grad_accum > "
+                               "1) turned micro-batch gradients that were all finite into an inf or NaN"},
+      {"allreduce_overflow_steps", "of nonfinite_grad_steps, those where the all-reduce (dp_replicas > 1) turned "
+                                   "gradients that were all finite into an inf or NaN"},
+      {"replica_max_ulp_diff", "the largest spread of a trainable value's stored state (master copy for "
+                               "fp32-master) across the data-parallel replicas at the end, from the smallest to "
+                               "the largest copy in ulps of its format (steps between their encodings); 0 for one "
+                               "replica, inf where some copies are NaN or infinite and others not"},
+      {"replica_max_rel_diff", "the largest spread of a trainable value across the replicas at the end, relative "
+                               "to the largest magnitude among its copies"},
+      {"replica_frac_differ", "fraction of the trainable values (weights, biases, batch-norm gamma and beta) "
+                              "whose copies are not all equal across the replicas at the end"},
       {"final_loss_scale", "loss scale after the last step (1 without loss scaling)"},
       {"frac_lost_updates", "non-zero finite updates (all parameters, all applied steps) that left the stored state "
                             "unchanged: the weight (fp32, fp16-rn, fp16-sr), the master weight (fp32-master), or "
@@ -521,10 +577,12 @@ Experiment make_train() {
                          "fraction of " + name + " weight-gradient values exactly zero (underflow or dead units), "
                          "all applied steps; NaN if the layer is absent" + which});
     e.metrics.push_back({"grad_std_" + name, "standard deviation of " + name +
-                                                 " weight gradients (divided by S), pooled over the last epoch"});
+                                                 " weight gradients (divided by S; with dp_replicas R or grad_accum M, the sum of the R M "
+                                                 "micro-batch gradients divided by S R M), pooled over the last epoch"});
   }
   e.headline_metric = "final_test_acc";
-  e.traces = {{"loss", "mean batch loss as computed, per step"},
+  e.traces = {{"loss", "mean batch loss as computed, per step (with dp_replicas or grad_accum: the mean, in fp64, "
+                       "of the micro-batches' losses)"},
               {"loss_scale", "loss scale used, per step"},
               {"bn_scale_std", "per batch-norm layer in forward order, at the end: the standard deviation of its "
                                "scales (gamma) across channels, of their stored state (master copy for fp32-master)",
@@ -535,7 +593,8 @@ Experiment make_train() {
   for (const std::string& name : layer_names())
     e.traces.push_back({"grad_hist_" + name,
                         "every hist_every steps, 58 fractions of " + name +
-                            " weight gradients (times S): zero, [2^e, 2^(e+1)) for e = -40..15 (clamped), "
+                            " weight gradients (times S; with dp_replicas R or grad_accum M, the sum of the R M "
+                            "micro-batch gradients that enters the update): zero, [2^e, 2^(e+1)) for e = -40..15 (clamped), "
                             "non-finite; x repeats the step 58 times"});
   e.run = run_train;
   e.check_point = [](const Params& p) -> std::string {
@@ -546,6 +605,12 @@ Experiment make_train() {
         return problem;
     }
     if (std::string problem = check_model_data(p); !problem.empty()) return problem;
+    const std::int64_t micro_batches = p.integer("dp_replicas") * p.integer("grad_accum");
+    if (p.integer("batch") % micro_batches != 0)
+      return "batch " + std::to_string(p.integer("batch")) + " is not a multiple of dp_replicas " +
+             std::to_string(p.integer("dp_replicas")) + " x grad_accum " + std::to_string(p.integer("grad_accum")) +
+             " = " + std::to_string(micro_batches) + " (each micro-batch holds batch / (dp_replicas x grad_accum) "
+             "samples)";
     return check_data_and_batch(p);
   };
   // loss and loss_scale: one sample per step; grad_hist_<layer>: kHistBins per recorded
@@ -560,15 +625,19 @@ Experiment make_train() {
   e.fp_exceptions_note =
       "scopes: init (initial weights and the training inputs rounded into their formats), forward.<layer>, loss "
       "(softmax cross-entropy and its gradient), backward.<layer> (dense layers and convolutions: "
-      "backward.<layer>.bias|dw|dx), update.<tensor> (unscaling, optimiser and the update rule), evaluate.train.* "
+      "backward.<layer>.bias|dw|dx), accumulate.<tensor> (grad_accum > 1: adding a micro-batch's gradient into "
+      "the buffer), allreduce.<tensor> (dp_replicas > 1: rounding into allreduce_format and the partial sums), "
+      "update.<tensor> (unscaling, optimiser and the update rule), evaluate.train.* "
       "and evaluate.test.* (the final evaluation in the model's arithmetic: input, the layers, loss). Layers: mlp "
       "l<k> (Linear k through the unit), bn<k> (batch norm and ReLU); convnet conv<k>, bn<k>, dense; resnet "
       "stem.conv, stem.bn, stage<s>.block<b>.conv1|bn1|conv2|bn2|shortcut|add (backward: add sums the gradients of "
       "the two paths at the block input), pool (global average pooling), dense. Tensors: mlp l<k>, l<L>.bias, "
       "bn<k>.gamma, bn<k>.beta; convnet conv<k>, bn<k>.gamma|beta, dense, dense.bias; resnet the layer names above "
       "with .gamma|.beta for batch norms. Elements: (sample, channel, row, column) for images, (sample, channel or "
-      "class), (channel), or a tensor's flat index in update.*; the unit's own operations (fma, amp, mma, ...) "
-      "carry the elements the unit reports. Counts add up over all steps and keep the first element. The baseline "
+      "class), (channel), or a tensor's flat index in accumulate.*, allreduce.* and update.*; the unit's own "
+      "operations (fma, amp, mma, ...) carry the elements the unit reports; samples are counted within a "
+      "micro-batch. Counts add up over all steps and over the data-parallel replicas (replica 0's first, so the "
+      "first element is the first replica's that raised it). The baseline "
       "(update: fp32) counts and traps in fp32 like any other";
   return e;
 }

@@ -3,7 +3,9 @@
 bad data file, unit/format combinations a unit refuses, a batch larger than the
 training split, and data the convolutional models cannot take (flat samples, images too
 small, a test split of another shape) must stop the sweep before any run (exit status 2, one line on stderr
-naming the config, the point, the file and the reason), never as "this is a bug" (1).
+naming the config, the point, the file and the reason), never as "this is a bug" (1); so
+must a batch that does not split into dp_replicas x grad_accum micro-batches and unknown
+esr modes, all-reduce orders, buffer formats or a grad_accum of 0.
 Also: loss_scale takes a plain YAML number.
 
 Usage: test_bad_input.py SWEEP   (SWEEP = path of build/sweep)
@@ -125,6 +127,23 @@ def main():
                    "batch 81 is larger than the training split: 80 of the 100 samples in data file 'good.h5'")
         expect_bad(d, "grad_underflow batch", "experiment: grad_underflow\ngrid:\n  batch: 1639\n",
                    "batch 1639 is larger than the training split")
+        # Data-parallel replicas and gradient accumulation: the batch must split evenly into
+        # micro-batches; the modes, orders and formats are checked by name.
+        expect_bad(d, "batch not divisible", "experiment: train\ngrid:\n  dp_replicas: 3\n  epochs: 1\n",
+                   "batch 32 is not a multiple of dp_replicas 3 x grad_accum 1 = 3")
+        expect_bad(d, "batch not divisible (accum)",
+                   "experiment: train\ngrid:\n  batch: 20\n  dp_replicas: 2\n  grad_accum: [2, 3]\n  epochs: 1\n",
+                   "point 1", "batch 20 is not a multiple of dp_replicas 2 x grad_accum 3 = 6")
+        expect_bad(d, "unknown esr mode", "experiment: train\ngrid:\n  esr: replica_identical\n",
+                   "c.yaml:3:8", "grid.esr", "unknown esr 'replica_identical'", "replica_identical_only")
+        expect_bad(d, "grad_accum 0", "experiment: train\ngrid:\n  grad_accum: 0\n",
+                   "c.yaml:3:15", "grid.grad_accum", "must be >= 1, got 0")
+        expect_bad(d, "dp_replicas 0", "experiment: train\ngrid:\n  dp_replicas: 0\n",
+                   "grid.dp_replicas", "must be >= 1, got 0")
+        expect_bad(d, "unknown allreduce order", "experiment: train\ngrid:\n  allreduce_order: butterfly\n",
+                   "grid.allreduce_order", "unknown allreduce_order 'butterfly'")
+        expect_bad(d, "unknown accum format", "experiment: train\ngrid:\n  accum_format: fp12\n",
+                   "grid.accum_format", "fp12")
         expect_bad(d, "empty test split", "experiment: train\ngrid:\n  samples: 20\n  test_fraction: 0.01\n",
                    "leaves an empty training or test split")
 

@@ -1,10 +1,13 @@
 #!/usr/bin/python3
 """The convolutional models through the real sweep binary, on small data written by the
 data scripts into a scratch directory's results/:
-  - the shipped configs fashion_mnist_mixed.yaml, resnet_sr.yaml and bn_fp16.yaml are
-    planned (--dry-run) against those files: their keys, values and data checks hold;
+  - the shipped configs fashion_mnist_mixed.yaml, resnet_sr.yaml, bn_fp16.yaml,
+    esr_replicas.yaml and grad_accum.yaml are planned (--dry-run) against those files:
+    their keys, values and data checks hold;
   - a small config over both models, several precision setups (stochastic rounding
-    included) and fp_exceptions: count gives bit-identical files with -j 1 and -j 2.
+    included), data-parallel replicas under the three esr modes, gradient accumulation
+    in fp16 and fp32 buffers, and fp_exceptions: count gives bit-identical files with
+    -j 1 and -j 2.
 Skips (exit 77) when Debian's dataset-fashion-mnist or scikit-learn is not installed.
 
 Usage: test_conv_sweep.py SWEEP SOURCE_ROOT
@@ -34,13 +37,18 @@ grid:
   batch: 16
   epochs: 1
   fp_exceptions: count
-  loss_scale: "16777216"
   hist_every: 2
 zip:
-  model: [convnet, convnet, resnet, resnet]
-  update: [fp32, fp32-master, fp16-sr, fp16-rn]
-  unit: [fp32-seq, ipu-amp-half, ipu-amp, a100]
-  esr: ["off", "off", "on", "off"]
+  model: [convnet, convnet, resnet, resnet, convnet, convnet, resnet, convnet]
+  update: [fp32, fp32-master, fp16-sr, fp16-rn, fp16-rn, fp16-rn, fp16-sr, fp32-master]
+  unit: [fp32-seq, ipu-amp-half, ipu-amp, a100, ipu-amp, ipu-amp, ipu-amp-half, a100]
+  esr: ["off", "off", "on", "off", "on", replica_identical_only, "off", "off"]
+  dp_replicas: [1, 1, 1, 1, 2, 4, 2, 1]
+  allreduce_order: [ring, ring, ring, ring, ring, tree, tree, ring]
+  allreduce_format: [fp32, fp32, fp32, fp32, fp16, fp16, fp32, fp32]
+  grad_accum: [1, 1, 1, 1, 2, 1, 2, 4]
+  accum_format: [fp32, fp32, fp32, fp32, fp16, fp32, fp32, fp16]
+  loss_scale: ["16777216", "16777216", "16777216", "16777216", "256", "256", "256", "16777216"]
 """
 
 
@@ -82,7 +90,8 @@ def main():
                     print("skipped: scikit-learn is not installed (Debian python3-sklearn)")
                     return SKIP
                 failures.append("%s: exit %d: %s" % (script, p.returncode, p.stderr.strip()))
-        for config in ("fashion_mnist_mixed.yaml", "resnet_sr.yaml", "bn_fp16.yaml"):
+        for config in ("fashion_mnist_mixed.yaml", "resnet_sr.yaml", "bn_fp16.yaml", "esr_replicas.yaml",
+                       "grad_accum.yaml"):
             p = run([os.path.join(ROOT, "configs", config), "--dry-run", "-o", "dry.h5"], d)
             if p.returncode != 0:
                 failures.append("%s --dry-run: exit %d: %s" % (config, p.returncode, p.stderr.strip()))
@@ -111,6 +120,12 @@ def main():
                 failures.append("a run did not finish: final_test_acc %s" % acc.tolist())
             if a["fp_counts/count"].size == 0:
                 failures.append("loss scale 2^24 in fp16 raised no counted flag: the counts were not exercised")
+            # Replicas (rows 4-6 train with finite gradients, S = 256): drifted apart under
+            # esr on (row 4), bit-identical under replica_identical_only (row 5) and off (row 6).
+            differ = a["metrics/replica_frac_differ"]
+            if not (differ[4] > 0).all() or (differ[5] != 0).any() or (differ[6] != 0).any():
+                failures.append("replica_frac_differ: on %s, replica_identical_only %s, off %s"
+                                % (differ[4].tolist(), differ[5].tolist(), differ[6].tolist()))
             if a["traces/bn_scale_std"].shape[2] != 7:
                 failures.append("bn_scale_std holds %d layers, not 7 (ResNet-8)" % a["traces/bn_scale_std"].shape[2])
     if failures:
