@@ -31,20 +31,26 @@ struct DeviceRow {
   int fp8_block;    // native fp8
   int fp8_kept_bits;
   int fp8_result_bits;  // 13: the e8m13 result (fp32 output); 0: rounded straight
+  // bf16 and tf32 products truncated to binary32's subnormal grid (BlockFmaParams::
+  // product_lsb = -149): measured on an H100 (mma.hpp); Hopper's H200 shares its
+  // tensor cores. false: exact products (no measurement says otherwise).
+  bool binary32_products;
 };
 
+constexpr int kBinary32SubnormalLsb = -149;  // 2^-149: binary32's smallest subnormal
 constexpr int kFp8Instruction = 32;  // products per fp8 instruction on the fp16 datapath
 
 constexpr DeviceRow kDevices[] = {
     // kind          block extra bf16   tf32  fp8 -> fp32           fp8 -> fp16          fp8 block kept result
-    {UnitKind::v100, 4, 0, false, 0, Fp8Path::none, Fp8Path::none, 0, 0, 0},
-    {UnitKind::t4, 8, 1, false, 0, Fp8Path::none, Fp8Path::none, 0, 0, 0},  // Turing: fp16 only
-    {UnitKind::a100, 8, 1, true, 4, Fp8Path::none, Fp8Path::none, 0, 0, 0},
-    {UnitKind::ada, 8, 1, true, 4, Fp8Path::native, Fp8Path::native, 16, 13, 13},
-    {UnitKind::l40s, 8, 1, true, 4, Fp8Path::native, Fp8Path::native, 16, 13, 13},
-    {UnitKind::h100, 16, 2, true, 8, Fp8Path::native, Fp8Path::fp16_datapath, 32, 13, 13},
-    {UnitKind::h200, 16, 2, true, 8, Fp8Path::native, Fp8Path::fp16_datapath, 32, 13, 13},
-    {UnitKind::b200, 16, 2, true, 8, Fp8Path::fp16_datapath, Fp8Path::fp16_datapath, 0, 0, 0},
+    //                                                                                                    binary32 products
+    {UnitKind::v100, 4, 0, false, 0, Fp8Path::none, Fp8Path::none, 0, 0, 0, false},
+    {UnitKind::t4, 8, 1, false, 0, Fp8Path::none, Fp8Path::none, 0, 0, 0, false},  // Turing: fp16 only
+    {UnitKind::a100, 8, 1, true, 4, Fp8Path::none, Fp8Path::none, 0, 0, 0, false},
+    {UnitKind::ada, 8, 1, true, 4, Fp8Path::native, Fp8Path::native, 16, 13, 13, false},
+    {UnitKind::l40s, 8, 1, true, 4, Fp8Path::native, Fp8Path::native, 16, 13, 13, false},
+    {UnitKind::h100, 16, 2, true, 8, Fp8Path::native, Fp8Path::fp16_datapath, 32, 13, 13, true},
+    {UnitKind::h200, 16, 2, true, 8, Fp8Path::native, Fp8Path::fp16_datapath, 32, 13, 13, true},
+    {UnitKind::b200, 16, 2, true, 8, Fp8Path::fp16_datapath, Fp8Path::fp16_datapath, 0, 0, 0, false},
 };
 
 // Zeros carry an exponent so low that a product with a zero factor is never the largest
@@ -362,9 +368,12 @@ template <AlignmentRounding kMode>
 // `sum`; `lost` gets non-zero bits where a cut changed a term (a zero difference is
 // +0.0, all bits clear). Adding 1.5 * 2^52 puts an integer below 2^51 in the low bits of
 // a double's pattern, so the integer is read without a conversion instruction.
-template <AlignmentRounding kMode>
-void sum_terms(std::size_t n, const double* av, const double* bv, double c, double scale, std::int64_t& sum,
-               std::uint64_t& lost) {
+// With kProductGrid each product is first truncated toward zero to a multiple of
+// 1 / grid (grid = 2^-product_lsb; exact: a product of two inputs has at most 22
+// significant bits, and the scalings are powers of two far inside double's range).
+template <AlignmentRounding kMode, bool kProductGrid>
+void sum_terms(std::size_t n, const double* av, const double* bv, double c, double scale, double grid,
+               std::int64_t& sum, std::uint64_t& lost, std::uint64_t& product_lost) {
   constexpr double kMagic = 0x1.8p52;
   const auto magic_bits = std::bit_cast<std::int64_t>(kMagic);
   const double c_term = c * scale;
@@ -372,11 +381,28 @@ void sum_terms(std::size_t n, const double* av, const double* bv, double c, doub
   lost |= std::bit_cast<std::uint64_t>(c_term - c_cut);
   sum += std::bit_cast<std::int64_t>(c_cut + kMagic) - magic_bits;
   for (std::size_t i = 0; i < n; ++i) {
-    const double t = av[i] * bv[i] * scale;
+    double product = av[i] * bv[i];
+    if constexpr (kProductGrid) {
+      const double on_grid = std::trunc(product * grid) / grid;
+      product_lost |= std::bit_cast<std::uint64_t>(product - on_grid);
+      product = on_grid;
+    }
+    const double t = product * scale;
     const double cut = cut_term<kMode>(t);
     lost |= std::bit_cast<std::uint64_t>(t - cut);
     sum += std::bit_cast<std::int64_t>(cut + kMagic) - magic_bits;
   }
+}
+
+// `product_lost` gets non-zero bits where the product grid cut a product.
+template <AlignmentRounding kMode>
+void sum_terms(std::size_t n, const double* av, const double* bv, double c, double scale,
+               std::optional<double> product_grid, std::int64_t& sum, std::uint64_t& lost,
+               std::uint64_t& product_lost) {
+  if (product_grid)
+    sum_terms<kMode, true>(n, av, bv, c, scale, *product_grid, sum, lost, product_lost);
+  else
+    sum_terms<kMode, false>(n, av, bv, c, scale, 1.0, sum, lost, product_lost);
 }
 
 }  // namespace
@@ -415,8 +441,10 @@ BlockFmaParams tensor_core_params(UnitKind device, const Format& in, const Forma
   p.kept_fraction_bits = 23 + row.extra_bits;
   if (fp16_in || (row.bf16 && same_layout(in, bf16()))) {
     p.block_size = row.block;
+    if (!fp16_in && row.binary32_products) p.product_lsb = kBinary32SubnormalLsb;
   } else if (row.tf32_block > 0 && same_layout(in, tf32())) {
     p.block_size = row.tf32_block;
+    if (row.binary32_products) p.product_lsb = kBinary32SubnormalLsb;
   } else if (fp8 && fp8_path == Fp8Path::native) {
     p.block_size = row.fp8_block;
     p.kept_fraction_bits = row.fp8_kept_bits;
@@ -523,20 +551,31 @@ double TensorCoreUnit::block(Context& ctx, std::size_t n, Operands a, Operands b
   // is an integer of magnitude at most 2^(kept + 2) <= 2^42, taken into an int64 sum
   // exactly and without a branch per term.
   const double scale = pow2(kept - align);
+  // Products cut to 2^product_lsb: skipped where the alignment truncates them,
+  // sign-magnitude, to a coarser grid still (nested truncations toward zero compose).
+  std::optional<double> product_grid;
+  if (align - kept < params_.product_lsb ||
+      (params_.product_lsb > kNoTerm && params_.alignment_rounding != AlignmentRounding::truncate_magnitude))
+    product_grid = std::ldexp(1.0, -params_.product_lsb);
   std::int64_t sum = 0;
-  std::uint64_t lost = 0;
+  std::uint64_t lost = 0, product_lost = 0;
   switch (params_.alignment_rounding) {
     case AlignmentRounding::truncate_magnitude:
-      sum_terms<AlignmentRounding::truncate_magnitude>(n, a.value, b.value, c, scale, sum, lost);
+      sum_terms<AlignmentRounding::truncate_magnitude>(n, a.value, b.value, c, scale, product_grid, sum, lost,
+                                                          product_lost);
       break;
     case AlignmentRounding::truncate_twos_complement:
-      sum_terms<AlignmentRounding::truncate_twos_complement>(n, a.value, b.value, c, scale, sum, lost);
+      sum_terms<AlignmentRounding::truncate_twos_complement>(n, a.value, b.value, c, scale, product_grid, sum, lost,
+                                                          product_lost);
       break;
     case AlignmentRounding::nearest_even:
-      sum_terms<AlignmentRounding::nearest_even>(n, a.value, b.value, c, scale, sum, lost);
+      sum_terms<AlignmentRounding::nearest_even>(n, a.value, b.value, c, scale, product_grid, sum, lost,
+                                                          product_lost);
       break;
   }
-  const Flags truncated = lost != 0 ? INEXACT : 0;
+  // A product cut to the grid lies below binary32's normal range and lost bits: an
+  // underflow, as converting it to a binary32 subnormal would raise.
+  const Flags truncated = (lost != 0 ? INEXACT : 0) | (product_lost != 0 ? (INEXACT | UFLO) : 0);
   if (sum == 0) {
     flags |= truncated;
     return 0.0;
@@ -790,6 +829,26 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
                        b_exp.data() + panel * k * kLanes, row_special.data(), C + j0, ldc,
                        std::min(kLanes, n - j0), col_special.data() + j0, result.data() + j0, n,
                        slow.data() + j0, element_flags.data() + j0);
+  }
+  // The integer adder keeps products exact: an element with a product that may lie off
+  // the 2^product_lsb grid goes to the reference adder, which cuts it. A product of
+  // significand integers is a multiple of 2^(e_a + e_b - 2 * fraction_bits), so the
+  // smallest exponents of A's row and B's column bound it (rare: products below 2^-126).
+  if (params_.product_lsb > kNoTerm) {
+    auto smallest_exponent = [](auto begin, std::size_t count, std::size_t stride) {
+      std::int32_t smallest = std::numeric_limits<std::int32_t>::max();
+      for (std::size_t p = 0; p < count; ++p)
+        if (begin[p * stride] != kZeroExponent) smallest = std::min(smallest, begin[p * stride]);
+      return smallest;
+    };
+    std::vector<std::int32_t> col_smallest(n);
+    for (std::size_t j = 0; j < n; ++j)
+      col_smallest[j] = smallest_exponent(b_exp.data() + (j / kLanes) * k * kLanes + j % kLanes, k, kLanes);
+    for (std::size_t i = 0; i < m; ++i) {
+      const std::int64_t row_smallest = smallest_exponent(a_exp.data() + i * k, k, 1);
+      for (std::size_t j = 0; j < n; ++j)
+        if (row_smallest + col_smallest[j] - 2 * fraction_bits < params_.product_lsb) slow[i * n + j] = 1;
+    }
   }
   // Write C in the reference's order: the elements left to the reference adder may trap,
   // with the status the elements before them raised.

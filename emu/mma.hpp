@@ -7,7 +7,11 @@
 // One block computes d = c + sum_{i<n} a_i b_i (n <= block_size) as follows:
 //  1. Products are exact. Each factor has the exponent of its format, clamped at the
 //     format's emin (subnormals keep emin and a significand below 1); a product's "raw"
-//     exponent is e_a + e_b, its significand (in [0, 4)) is not normalised.
+//     exponent is e_a + e_b, its significand (in [0, 4)) is not normalised. With
+//     BlockFmaParams::product_lsb set, each product is first truncated toward zero to a
+//     multiple of 2^product_lsb: -149 on Hopper (h100, h200) for bf16 and tf32 inputs,
+//     as if the products were binary32 values cut toward zero (only products below
+//     binary32's normal range change; see product_lsb).
 //  2. The alignment exponent E is the largest raw exponent among the non-zero products
 //     and c (c's exponent is its binary32 exponent). Zero products take no part.
 //  3. Every term (c and the products) is cut to a multiple of 2^(E - kept_fraction_bits):
@@ -75,6 +79,17 @@ struct BlockFmaParams {
   // e8m13 result of native fp8 on Ada and Hopper); 0: rounded straight into the output.
   int result_fraction_bits = 0;
   bool input_subnormals = true;  // false: subnormal inputs are flushed to zero
+  // Each product is truncated toward zero (sign-magnitude) to a multiple of
+  // 2^product_lsb before alignment; the default is far below any product (exact
+  // products). -149, binary32's subnormal grid, is what an H100 gave for a bf16 inner
+  // product whose products lie below 2^-126: 0x1.6p-146 = 11 * 2^-149, where exact
+  // products give 0x1.4p-146 (the exact sum is 10.9989 * 2^-149; measured by a user of
+  // MATLAB-tensor-core, its GitHub issue #7; tests/mma/test_params.cpp).
+  // The h100 and h200 presets set it for bf16 and tf32 (whose products can fall below
+  // 2^-126; fp16 and fp8 products cannot fall off the grid). No other device has a
+  // measurement with such products (none of the 48 published sets has one), so the
+  // other presets keep exact products; set it to model them otherwise.
+  int product_lsb = std::numeric_limits<int>::min() / 4;
   // E is raised to at least this (no clamp by default).
   int min_alignment_exponent = std::numeric_limits<int>::min() / 4;
   // fp8 inputs converted (exactly) to fp16 and run through the fp16 adder: their

@@ -99,7 +99,8 @@ double round_into(const Big& x, int fraction_bits, int emin, Rounding mode, bool
 // The exponent the adder aligns with: floor(log2 |x|) clamped at the format's emin.
 int exponent(double x, const emu::Format& f) { return std::max(std::ilogb(x), f.emin()); }
 
-// One block (n <= block size) of the documented model; +0 for an exact zero sum.
+// One block (n <= block size) of the documented model (products cut to the product grid
+// first where product_lsb is set); +0 for an exact zero sum.
 double oracle_block(const emu::BlockFmaParams& p, const emu::Format& in, const emu::Format& out, std::size_t n,
                     const double* a, const double* b, double c, bool& inexact) {
   int e = INT_MIN;
@@ -117,7 +118,16 @@ double oracle_block(const emu::BlockFmaParams& p, const emu::Format& in, const e
     sum += kept;
   };
   add(Big(c));
-  for (std::size_t i = 0; i < n; ++i) add(Big(a[i]) * Big(b[i]));
+  for (std::size_t i = 0; i < n; ++i) {
+    Big product = Big(a[i]) * Big(b[i]);
+    if (p.product_lsb > INT_MIN / 8) {  // cut toward zero to the product grid first
+      const Big grid = mp::ldexp(Big(1), p.product_lsb);
+      const Big on_grid = mp::trunc(product / grid) * grid;
+      inexact |= on_grid != product;
+      product = on_grid;
+    }
+    add(product);
+  }
   if (sum == 0) return 0.0;
   return round_into(sum * quantum, out.fraction_bits(), out.emin(), p.final_rounding, inexact);
 }
@@ -459,5 +469,124 @@ TEST_CASE("exact: an exact zero keeps a zero c's sign, and a cancelled non-zero 
     emu::Context ctx(control);
     CHECK(bits(unit->dot(ctx, 1, &t.a, 1, &t.b, 1, t.c)) == bits(t.expected));
     CHECK(ctx.status() == 0);
+  }
+}
+
+// An H100 measured by a user of Khattak and Mikaitis's MATLAB-tensor-core models (that
+// repository's GitHub issue #7, cited by roundoff's issue 13): this bf16 inner product
+// (k = 16, c = 0, binary32 bit patterns) gave 0x1.6p-146 = 11 * 2^-149, where exact
+// products summed and truncated give 0x1.4p-146 (the exact sum is 10.9989 * 2^-149).
+// Every product lies below 2^-126; truncating each toward zero to a multiple of 2^-149
+// (binary32's subnormal grid) before the sum gives the hardware's 11.
+TEST_CASE("H100 bf16 products below binary32's normal range: the measured case (MATLAB-tensor-core #7)",
+          "[mma][params][measured]") {
+  const std::uint32_t a_bits[] = {0x9b940000, 0x19f30000, 0x9a2e0000, 0x1a670000, 0x9a250000, 0x9b4e0000,
+                                  0x9b290000, 0x9a330000, 0x99e00000, 0x1a140000, 0x99140000, 0x99d10000,
+                                  0x9ae90000, 0x1b1a0000, 0x9a9c0000, 0x1b3a0000};
+  const std::uint32_t b_bits[] = {0x9aaf0000, 0x99f30000, 0x9acc0000, 0x1b7c0000, 0x19ed0000, 0x1b250000,
+                                  0x9a1b0000, 0x9a200000, 0x9af70000, 0x9a480000, 0x1ae10000, 0x1b320000,
+                                  0x1b120000, 0x1b0e0000, 0x9a680000, 0x17350000};
+  std::vector<double> a, b;
+  for (std::uint32_t x : a_bits) a.push_back(static_cast<double>(std::bit_cast<float>(x)));
+  for (std::uint32_t x : b_bits) b.push_back(static_cast<double>(std::bit_cast<float>(x)));
+  const double measured = 0x1.6p-146;
+  for (UnitKind device : {UnitKind::h100, UnitKind::h200}) {
+    const auto unit = emu::make_tensor_core_unit(device, emu::bf16(), emu::fp32());
+    emu::Context ctx;
+    CHECK(unit->dot(ctx, a.size(), a.data(), 1, b.data(), 1, 0.0) == measured);
+    // Products lost bits below binary32's normal range: UFLO and INEXACT; the sum is exact.
+    CHECK(ctx.status() == (emu::UFLO | emu::INEXACT));
+    double via_gemm = 0.0;
+    emu::Context gemm_ctx;
+    unit->gemm(gemm_ctx, 1, 1, a.size(), a.data(), a.size(), b.data(), 1, &via_gemm, 1);
+    CHECK(via_gemm == measured);
+  }
+  // With exact products (the published model, and B200's preset: no measurement) the
+  // same adder gives 10 * 2^-149.
+  emu::BlockFmaParams exact_products = emu::tensor_core_params(UnitKind::h100, emu::bf16(), emu::fp32());
+  exact_products.product_lsb = emu::BlockFmaParams{}.product_lsb;
+  CHECK(dot(exact_products, a, b, 0.0, nullptr, emu::bf16()) == 0x1.4p-146);
+}
+
+TEST_CASE("product grid: h100 and h200 bf16 and tf32 against the exact oracle, products near 2^-149",
+          "[mma][params]") {
+  std::mt19937_64 gen(149);
+  std::uniform_int_distribution<int> percent(0, 99);
+  emu::Context round_ctx;
+  auto value = [&](const emu::Format& f, int lo, int hi) {
+    if (percent(gen) < 5) return 0.0;
+    const double sign = percent(gen) < 50 ? -1.0 : 1.0;
+    const int e = std::uniform_int_distribution<int>(lo, hi)(gen);
+    return round_ctx.convert(f, sign * std::uniform_real_distribution<double>(1.0, 2.0)(gen) * p2(e));
+  };
+  int compared = 0, cut = 0, differs_from_exact_products = 0;
+  for (UnitKind device : {UnitKind::h100, UnitKind::h200})
+    for (const emu::Format* in : {&emu::bf16(), &emu::tf32()}) {
+      const emu::BlockFmaParams p = emu::tensor_core_params(device, *in, emu::fp32());
+      REQUIRE(p.product_lsb == -149);
+      emu::BlockFmaParams exact_products = p;
+      exact_products.product_lsb = emu::BlockFmaParams{}.product_lsb;
+      const auto unit = emu::make_tensor_core_unit(device, *in, emu::fp32());
+      for (int trial = 0; trial < 300; ++trial) {
+        // Products around 2^-150 .. 2^-120, sometimes one far above (then the alignment
+        // cuts them all coarser than the grid), c zero or tiny.
+        const std::size_t k = 1 + static_cast<std::size_t>(gen() % 40);
+        std::vector<double> a(k), b(k);
+        for (std::size_t i = 0; i < k; ++i) {
+          a[i] = value(*in, -80, -60);
+          b[i] = value(*in, -80, -60);
+          if (percent(gen) < 4) a[i] = value(*in, -10, 10);
+        }
+        const double c = percent(gen) < 50 ? 0.0 : value(emu::fp32(), -149, -120);
+        bool inexact = false;
+        const double want = oracle_dot(p, *in, emu::fp32(), a, b, c, inexact);
+        emu::Context ctx;
+        const double got = unit->dot(ctx, k, a.data(), 1, b.data(), 1, c);
+        INFO(emu::unit_kind_name(device) << " " << in->name() << " k " << k << " c " << c << " want " << want
+                                         << " got " << got);
+        REQUIRE(bits(got) == bits(want));
+        REQUIRE(((ctx.status() & emu::INEXACT) != 0) == inexact);
+        bool ignored = false;
+        differs_from_exact_products += oracle_dot(exact_products, *in, emu::fp32(), a, b, c, ignored) != want;
+        ++compared;
+        cut += inexact;
+      }
+      // gemm: rows and columns mixing tiny and ordinary values, so that some elements
+      // go to the reference adder (products off the grid) and others stay on the
+      // integer adder; each element equals dot().
+      const std::size_t m = 5, n = 19, k = 24;
+      std::vector<double> A(m * k), B(k * n), C(m * n), D(m * n);
+      for (std::size_t i = 0; i < m; ++i)
+        for (std::size_t q = 0; q < k; ++q) A[i * k + q] = i % 2 == 0 ? value(*in, -80, -60) : value(*in, -8, 8);
+      for (std::size_t q = 0; q < k; ++q)
+        for (std::size_t j = 0; j < n; ++j) B[q * n + j] = j % 3 == 0 ? value(*in, -80, -60) : value(*in, -8, 8);
+      for (double& x : C) x = percent(gen) < 50 ? 0.0 : value(emu::fp32(), -140, 4);
+      D = C;
+      emu::Context gemm_ctx;
+      unit->gemm(gemm_ctx, m, n, k, A.data(), k, B.data(), n, D.data(), n);
+      for (std::size_t i = 0; i < m; ++i)
+        for (std::size_t j = 0; j < n; ++j) {
+          std::vector<double> row(A.begin() + static_cast<std::ptrdiff_t>(i * k),
+                                  A.begin() + static_cast<std::ptrdiff_t>((i + 1) * k));
+          std::vector<double> column(k);
+          for (std::size_t q = 0; q < k; ++q) column[q] = B[q * n + j];
+          bool ignored = false;
+          INFO("gemm element " << i << ", " << j);
+          REQUIRE(bits(D[i * n + j]) == bits(oracle_dot(p, *in, emu::fp32(), row, column, C[i * n + j], ignored)));
+        }
+    }
+  CHECK(compared == 4 * 300);
+  CHECK(cut > compared / 2);
+  CHECK(differs_from_exact_products > compared / 10);  // the grid does change results
+}
+
+TEST_CASE("product grid: only Hopper's bf16 and tf32 presets set it", "[mma][params]") {
+  const emu::BlockFmaParams exact{};
+  for (UnitKind device : {UnitKind::a100, UnitKind::ada, UnitKind::l40s, UnitKind::b200})
+    for (const emu::Format* in : {&emu::bf16(), &emu::tf32(), &emu::fp16()})
+      CHECK(emu::tensor_core_params(device, *in, emu::fp32()).product_lsb == exact.product_lsb);
+  for (UnitKind device : {UnitKind::h100, UnitKind::h200}) {
+    CHECK(emu::tensor_core_params(device, emu::fp16(), emu::fp32()).product_lsb == exact.product_lsb);
+    CHECK(emu::tensor_core_params(device, emu::fp8_e4m3(), emu::fp32()).product_lsb == exact.product_lsb);
   }
 }
