@@ -69,10 +69,15 @@ error in the input).
 const char* const kInfoHelp = R"HELP(usage: emu info FORMAT [--subnormals on|off] [--json]
 
 The properties of FORMAT: name, exponent_bits, fraction_bits, precision (fraction bits
-+ 1), bias, width (bits), encoding (ieee, or ocp-fn: no infinities, one NaN pattern per
-sign, as fp8-e4m3), has_inf, subnormals, emin, emax, max, min_normal, min_subnormal
-(of the encoding, also with subnormals off), unit_roundoff (2^-precision), epsilon
-(2^(1-precision)), finite_values (+0 and -0 count once), finite_encodings.
++ 1), bias, width (bits), encoding (the special values in a word: ieee; ocp-fn: no
+infinities, one NaN pattern per sign, as fp8-e4m3; fnuz: no infinities, one NaN at
+0x80, no -0; fnuz+inf: the same with +-inf, P3109 signed extended; finite: neither inf
+nor NaN, OCP fp6 and fp4; unsigned, unsigned+inf: no sign, NaN all ones, as e8m0 and
+ue4m3), has_inf, subnormals, nan (where the NaNs are: ieee, top, negative-zero, none),
+signed, has_zero (e8m0 has none), has_negative_zero, emin, emax, max, min_normal (the
+least value where there is no zero), min_subnormal (of the encoding, also with
+subnormals off), unit_roundoff (2^-precision), epsilon (2^(1-precision)),
+finite_values (+0 and -0 count once), finite_encodings.
 For people, powers of two also show as such: unit_roundoff 0.00048828125 (2^-11).
 --json prints them as one JSON object (plain numbers).
 )HELP";
@@ -300,6 +305,22 @@ std::vector<OptionSpec> with(std::vector<OptionSpec> base, std::initializer_list
 
 // ---- info -----------------------------------------------------------------------
 
+// The special values in one word, for people (the fields nan, has_inf, signed,
+// has_zero say the same one by one): ieee; ocp-fn (no inf, NaN S.1..1.1..1 per sign);
+// fnuz (no inf, one NaN at 0x80, no -0); fnuz+inf (P3109 signed extended); finite (no
+// inf, no NaN: OCP fp6, fp4); unsigned (NaN all ones), unsigned+inf (P3109 unsigned
+// extended).
+std::string encoding_family(const Format& f) {
+  const std::string inf = f.has_infinity() ? "+inf" : "";
+  switch (f.nan_encoding()) {
+    case NanEncoding::ieee: return "ieee";
+    case NanEncoding::top: return f.is_signed() ? "ocp-fn" + inf : "unsigned" + inf;
+    case NanEncoding::negative_zero: return "fnuz" + inf;
+    case NanEncoding::none: return "finite";
+  }
+  return "?";
+}
+
 int info(const std::vector<std::string>& args, Output& out) {
   const auto o = parse_options("info", args, {{"--subnormals", true}, {"--json", false}, {"--help", false}});
   if (o.positionals.size() != 1) throw UsageError("emu info: expected one FORMAT (e.g. emu info fp16)");
@@ -307,7 +328,6 @@ int info(const std::vector<std::string>& args, Output& out) {
   ParsedOptions with_format = o;
   with_format.values["FORMAT"] = o.positionals.front();
   const Format f = format_option(with_format, "FORMAT");
-  const std::string encoding = f.encoding() == Encoding::ieee ? "ieee" : "ocp-fn";
   const std::pair<const char*, std::string> fields[] = {
       {"name", json_string(f.name())},
       {"exponent_bits", std::to_string(f.exponent_bits())},
@@ -315,9 +335,13 @@ int info(const std::vector<std::string>& args, Output& out) {
       {"precision", std::to_string(f.precision())},
       {"bias", std::to_string(f.bias())},
       {"width", std::to_string(f.width())},
-      {"encoding", json_string(encoding)},
+      {"encoding", json_string(encoding_family(f))},
       {"has_inf", f.has_infinity() ? "true" : "false"},
       {"subnormals", f.subnormals() ? "true" : "false"},
+      {"nan", json_string(nan_encoding_name(f.nan_encoding()))},
+      {"signed", f.is_signed() ? "true" : "false"},
+      {"has_zero", f.has_zero() ? "true" : "false"},
+      {"has_negative_zero", f.has_negative_zero() ? "true" : "false"},
       {"emin", std::to_string(f.emin())},
       {"emax", std::to_string(f.emax())},
       {"max", json_number(f.max_finite())},
