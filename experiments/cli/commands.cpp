@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 
+#include "emu/block.hpp"
 #include "emu/unit.hpp"
 #include "expression.hpp"
 #include "number.hpp"
@@ -47,10 +48,16 @@ The roundoff calculator: rounding, arithmetic and matrix units in low-precision 
   emu eval "EXPR" --format F      evaluate + - * / ( ) with every step rounded into F
   emu dot --unit U --a .. --b ..  c + sum a_i*b_i as a matrix unit computes it
   emu gemm --unit U A.txt B.txt   a small matrix product through a matrix unit
+  emu quantize VALUE... --format B  block quantisation (OCP MX, NVFP4), per value
 emu SUBCOMMAND --help tells more.
 
-Formats: fp64 fp32 tf32 bf16 fp16 fp8-e5m2 fp8-e4m3, or eXmY (IEEE-like, X = 2..11
-exponent bits, Y = 1..52 fraction bits). Rounding: rne rna rz ru rd ro sr.
+Formats: fp64 fp32 tf32 bf16 fp16 fp8-e5m2 fp8-e4m3, fp8-e4m3fnuz fp8-e5m2fnuz (no
+inf, one NaN at 0x80, no -0), fp6-e2m3 fp6-e3m2 fp4-e2m1 (OCP MX: no inf, no NaN),
+e8m0 (the MX scale: 2^-127..2^127, NaN), ue4m3 (NVFP4's scale), eXmY (IEEE-like,
+X = 2..11 exponent bits, Y = 1..52 fraction bits), binaryKpPSD (IEEE P3109: K bits,
+precision P, S = s signed or u unsigned, D = e with inf or f finite: binary8p3se).
+Block formats (emu quantize): mxfp8-e4m3 mxfp8-e5m2 mxfp6-e2m3 mxfp6-e3m2 mxfp4-e2m1
+mxint8 nvfp4. Rounding: rne rna rz ru rd ro sr.
 Numbers: decimal (read exactly, rounded once), hex-float (0x1.8p-3), inf, nan.
 
 Output, one line per result. --json: one JSON object per line with "value" (a number
@@ -165,6 +172,40 @@ roundings under the context and to the rounding of the inputs (the tensor cores'
 adder decides its own UFLO before rounding).
 JSON fields: unit, in, out, format (the output format, that of value and bits),
 rounding, value, bits, flags, input_flags.
+)HELP";
+
+const char* const kQuantizeHelp = R"HELP(usage: emu quantize [VALUE... | -] --format BLOCKFORMAT [--scale-rule R] [--rounding R]
+                    [--seed S] [--sr-bits K] [--overflow saturate|nan|inf] [--rng philox|ipu]
+                    [--tininess before|after] [--tensor-scale T] [--json]
+
+Quantises the VALUEs, in order, into consecutive blocks of a block format (the last
+block may be short, as if padded with zeros) and prints, per value, its dequantised
+value, the element (value and bits), and its block's scale (value and bits) and flags.
+Each VALUE is first rounded to the nearest double (an array holds doubles), then its
+block's scale X is chosen and x / X is rounded once into the element format.
+Block formats: mxfp8-e4m3 mxfp8-e5m2 mxfp6-e2m3 mxfp6-e3m2 mxfp4-e2m1 mxint8 (OCP MX
+v1.0: 32 elements, an E8M0 power-of-two scale) and nvfp4 (NVIDIA: 16 FP4 E2M1 elements,
+a UE4M3 scale, one fp32 scale for all the values).
+  --scale-rule  how X follows from the block's largest magnitude amax (emax: exponent
+                of the element format's largest power of two, max: its largest value):
+                floor   2^(floor(log2 amax) - emax), OCP MX v1.0 6.3 (default for MX)
+                ceil    2^(ceil(log2 amax) - emax)
+                even    2^(floor(log2 amax') - emax), amax' = amax rounded to the
+                        element's precision, ties away (torchao's EVEN)
+                up      amax / max rounded up into the scale format (NVIDIA, cuDNN)
+                nearest amax / max rounded to nearest into the scale format (default
+                        for nvfp4, whose UE4M3 scale takes only up and nearest)
+  --rounding    of the elements: rne (default) rna rz ru rd ro sr; --seed, --sr-bits,
+                --rng as for emu round (sr consumes random bits value by value)
+  --overflow    of the elements: saturate (default, as OCP MX), nan, inf (what emu round
+                gives: E5M2 inf, E4M3 NaN; FP6, FP4, INT8 saturate whatever the policy);
+                an E8M0 scale beyond 2^127 is 2^127 under saturate, else NaN
+  --tensor-scale  nvfp4 only: the fp32 tensor scale (default: amax of all values /
+                (6 * 448), rounded up to fp32)
+A block holding inf or NaN has a NaN scale: its values are NaN (INV for inf).
+JSON fields per value: input, format, rounding, scale_rule, value (dequantised), bits
+(of the element), flags (of its element's rounding), element, block (from 0), scale,
+scale_bits, block_flags (the scale's and all its elements'), tensor_scale.
 )HELP";
 
 const char* const kGemmHelp = R"HELP(usage: emu gemm --unit UNIT A.txt B.txt [C.txt] [--in FMT] [--out FMT]
@@ -386,12 +427,12 @@ struct Input {
 
 // Standard input, one value per line; blank (or white-space-only) lines are skipped;
 // errors name the line (counting every line, blank ones too).
-void read_stdin_values(std::vector<Input>& inputs) {
+void read_stdin_values(const std::string& command, std::vector<Input>& inputs) {
   std::string all;
   char chunk[1 << 16];
   std::size_t n;
   while ((n = std::fread(chunk, 1, sizeof chunk, stdin)) > 0) all.append(chunk, n);
-  if (std::ferror(stdin)) throw UsageError("emu round: cannot read standard input");
+  if (std::ferror(stdin)) throw UsageError("emu " + command + ": cannot read standard input");
   std::size_t line_no = 0, start = 0;
   while (start < all.size()) {
     auto end = all.find('\n', start);
@@ -404,10 +445,32 @@ void read_stdin_values(std::vector<Input>& inputs) {
       Exact x = parse_number(text);
       inputs.push_back({std::move(text), x});
     } catch (const NumberError& e) {
-      throw UsageError("emu round: standard input line " + std::to_string(line_no) + ": malformed number '" + text +
-                       "': " + e.what());
+      throw UsageError("emu " + command + ": standard input line " + std::to_string(line_no) +
+                       ": malformed number '" + text + "': " + e.what());
     }
   }
+}
+
+// The VALUE... positionals of `emu round` and `emu quantize`, "-" reading standard input.
+std::vector<Input> read_values(const std::string& command, const std::vector<std::string>& positionals) {
+  std::vector<Input> inputs;
+  bool read_stdin = false;
+  for (const auto& p : positionals) {
+    if (p == "-") {
+      if (read_stdin) throw UsageError("emu " + command + ": '-' (standard input) given twice");
+      read_stdin = true;
+      read_stdin_values(command, inputs);
+      continue;
+    }
+    try {
+      inputs.push_back({p, parse_number(p)});
+    } catch (const NumberError& e) {
+      throw UsageError("emu " + command + ": malformed number '" + p + "': " + e.what());
+    }
+  }
+  if (positionals.empty())
+    throw UsageError("emu " + command + ": no values (give VALUE... or - to read standard input)");
+  return inputs;
 }
 
 int round_values(const std::vector<std::string>& args, Output& out) {
@@ -416,22 +479,7 @@ int round_values(const std::vector<std::string>& args, Output& out) {
   const Format f = format_option(o);
   Context ctx = context_from(o);
   const std::string rounding = rounding_from(o);
-  std::vector<Input> inputs;
-  bool read_stdin = false;
-  for (const auto& p : o.positionals) {
-    if (p == "-") {
-      if (read_stdin) throw UsageError("emu round: '-' (standard input) given twice");
-      read_stdin = true;
-      read_stdin_values(inputs);
-      continue;
-    }
-    try {
-      inputs.push_back({p, parse_number(p)});
-    } catch (const NumberError& e) {
-      throw UsageError("emu round: malformed number '" + p + "': " + e.what());
-    }
-  }
-  if (o.positionals.empty()) throw UsageError("emu round: no values (give VALUE... or - to read standard input)");
+  const std::vector<Input> inputs = read_values("round", o.positionals);
   const bool json = o.has("--json");
   const std::string fixed = ", \"format\": " + json_string(f.name()) + ", \"rounding\": " + json_string(rounding) + ", ";
   RaisedBy raised_by;
@@ -492,6 +540,85 @@ int eval(const std::vector<std::string>& args, Output& out) {
                ", \"raised_by\": " + raised_by_json(raised_by) + "}");
     else
       out.line(text + " = " + result_text(f, v, ctx.status()) + raised_by_text(f, raised_by));
+  }
+  return 0;
+}
+
+// ---- quantize -----------------------------------------------------------------------
+
+int quantize_values(const std::vector<std::string>& args, Output& out) {
+  const auto o = parse_options("quantize", args,
+                               with(rounding_options(), {{"--format", true}, {"--scale-rule", true}, {"--tensor-scale", true}}));
+  const auto name = o.get("--format");
+  if (!name) throw UsageError("--format is required (e.g. --format mxfp4-e2m1)");
+  const BlockFormat* f = nullptr;
+  try {
+    f = &block_format_by_name(*name);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--format: ") + e.what());
+  }
+  BlockSpec spec = default_block_spec(*f);
+  if (const auto r = o.get("--scale-rule")) {
+    try {
+      spec.rule = scale_rule_by_name(*r);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("--scale-rule: ") + e.what());
+    }
+    if (!f->accepts(spec.rule))
+      throw UsageError("--scale-rule " + *r + ": " + f->name() + "'s " + f->scale().name() +
+                       " scale is not a power of two (take up or nearest)");
+  }
+  if (const auto t = o.get("--tensor-scale")) {
+    if (!f->has_tensor_scale()) throw UsageError("--tensor-scale: " + f->name() + " has no tensor scale (nvfp4 has)");
+    double value = 0;
+    try {
+      const Exact x = parse_number(*t);
+      value = x.hi;
+      if (x.lo != 0 || x.beyond_double || !(value > 0) || !std::isfinite(value) || !fp32().representable(value))
+        throw NumberError("not a positive finite fp32 value");
+    } catch (const NumberError& e) {
+      throw UsageError("--tensor-scale: '" + *t + "': " + e.what());
+    }
+    spec.tensor_scale = value;
+  }
+  Context ctx = context_from(o);
+  if (!o.has("--overflow")) ctx.control.overflow = Overflow::saturate;  // OCP MX elements saturate
+  spec.element = ctx.spec();
+  const std::vector<Input> inputs = read_values("quantize", o.positionals);
+  std::vector<double> values;
+  for (const auto& in : inputs) values.push_back(round_nearest(fp64(), in.value));
+  const BlockQuantized q = quantize(*f, values, spec, &ctx.rng());
+
+  const bool json = o.has("--json");
+  const std::string rounding = rounding_from(o);
+  const std::string fixed = ", \"format\": " + json_string(f->name()) + ", \"rounding\": " + json_string(rounding) +
+                            ", \"scale_rule\": " + json_string(scale_rule_name(spec.rule)) + ", ";
+  const Format& element = f->element();
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const std::size_t b = q.block_of(i, *f);
+    const BlockScale& scale = q.scales[b];
+    const double value = q.value(i, *f);
+    const std::string element_bits = hex_bits(element, q.element_bits[i]);
+    const std::string scale_bits = hex_bits(f->scale(), scale.bits);
+    if (json) {
+      out.line("{\"input\": " + json_string(inputs[i].text) + fixed + "\"value\": " + json_number(value) +
+               ", \"bits\": " + json_string(element_bits) + ", \"flags\": " + flags_json(q.element_flags[i]) +
+               ", \"element\": " + json_number(q.elements[i]) + ", \"block\": " + std::to_string(b) +
+               ", \"scale\": " + json_number(scale.value) + ", \"scale_bits\": " + json_string(scale_bits) +
+               ", \"block_flags\": " + flags_json(scale.flags) + ", \"tensor_scale\": " + json_number(q.tensor_scale) +
+               "}");
+      continue;
+    }
+    if (i % static_cast<std::size_t>(f->block_size()) == 0) {
+      std::string head = "block " + std::to_string(b) + ": scale " + shortest_decimal(f->scale(), scale.value) +
+                         " bits " + scale_bits;
+      if (f->has_tensor_scale()) head += ", tensor scale " + json_number(q.tensor_scale);
+      out.line(head + ", flags " + flags_text(scale.flags) + " (" + f->name() + ", scale rule " +
+               scale_rule_name(spec.rule) + ", elements " + rounding + ")");
+    }
+    out.line("  " + inputs[i].text + " -> " + json_number(value) + " = element " +
+             shortest_decimal(element, q.elements[i]) + " bits " + element_bits + " flags " +
+             flags_text(q.element_flags[i]));
   }
   return 0;
 }
@@ -714,6 +841,7 @@ const char* help_text(const std::string& command) {
   if (command == "eval") return kEvalHelp;
   if (command == "dot") return kDotHelp;
   if (command == "gemm") return kGemmHelp;
+  if (command == "quantize") return kQuantizeHelp;
   return nullptr;
 }
 
@@ -723,6 +851,7 @@ int run_command(const std::string& command, const std::vector<std::string>& args
   if (command == "eval") return eval(args, out);
   if (command == "dot") return dot(args, out);
   if (command == "gemm") return gemm(args, out);
+  if (command == "quantize") return quantize_values(args, out);
   throw UsageError("emu: unknown subcommand '" + command + "'");
 }
 
