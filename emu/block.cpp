@@ -113,15 +113,6 @@ ChosenScale choose_scale(const BlockFormat& f, const BlockSpec& spec, double ama
   return c;
 }
 
-// The nvfp4 tensor scale of an array whose largest finite magnitude is amax:
-// amax / (6 * 448) rounded up to fp32, so that no block's scale amax_b / (6 t) exceeds
-// UE4M3's 448; the least fp32 subnormal at least; 1 for an array of zeros.
-double default_tensor_scale(const BlockFormat& f, double amax) {
-  if (amax == 0) return 1.0;
-  Flags ignored = 0;
-  return round(fp32(), exact_div(amax, f.element().max_finite() * f.scale().max_finite()),
-               RoundSpec{Rounding::ru, Overflow::saturate}, nullptr, ignored);
-}
 
 // x / scale exactly, for emu::round. A power-of-two scale: x * 2^-e, exact unless it
 // falls below double's normal range, where only its sign and being non-zero matter (it
@@ -192,6 +183,18 @@ bool is_block_format_name(std::string_view name) {
   return false;
 }
 
+double default_tensor_scale(const BlockFormat& f, std::span<const double> values) {
+  if (!f.has_tensor_scale()) throw std::invalid_argument(f.name() + " has no tensor scale (only nvfp4 has)");
+  double amax = 0;
+  for (double x : values)
+    if (std::isfinite(x)) amax = std::max(amax, std::fabs(x));
+  if (amax == 0) return 1.0;
+  // Rounded up: amax_b / (6 t) <= 448 for every block; ru never gives 0.
+  Flags ignored = 0;
+  return round(fp32(), exact_div(amax, f.element().max_finite() * f.scale().max_finite()),
+               RoundSpec{Rounding::ru, Overflow::saturate}, nullptr, ignored);
+}
+
 BlockSpec default_block_spec(const BlockFormat& f) {
   BlockSpec s;
   s.rule = f.default_rule();
@@ -208,9 +211,6 @@ BlockQuantized quantize(const BlockFormat& f, std::span<const double> values, co
                                 " needs a power-of-two scale (this format's is " + f.scale().name() +
                                 "; take up or nearest)");
   BlockQuantized q;
-  double finite_amax = 0;
-  for (double x : values)
-    if (std::isfinite(x)) finite_amax = std::max(finite_amax, std::fabs(x));
   if (f.has_tensor_scale()) {
     if (spec.tensor_scale) {
       const double t = *spec.tensor_scale;
@@ -218,7 +218,7 @@ BlockQuantized quantize(const BlockFormat& f, std::span<const double> values, co
         throw std::invalid_argument(f.name() + ": the tensor scale must be a positive finite fp32 value");
       q.tensor_scale = t;
     } else {
-      q.tensor_scale = default_tensor_scale(f, finite_amax);
+      q.tensor_scale = default_tensor_scale(f, values);
     }
   } else if (spec.tensor_scale) {
     throw std::invalid_argument(f.name() + " has no tensor scale (only nvfp4 has)");
@@ -240,15 +240,16 @@ BlockQuantized quantize(const BlockFormat& f, std::span<const double> values, co
     }
     if (nan || inf) {
       block.value = kNaN;
-      block.flags = inf ? INV : 0;
+      block.scale_flags = inf ? INV : 0;
     } else if (amax == 0) {
       // All zeros: the least scale (UE4M3 0, E8M0 0x00 = 2^-127); the elements are zeros.
       block.value = f.scale().has_zero() ? 0.0 : f.scale().min_normal();
     } else {
       const ChosenScale c = choose_scale(f, spec, amax, q.tensor_scale);
       block.value = c.value;
-      block.flags = c.flags;
+      block.scale_flags = c.flags;
     }
+    block.flags = block.scale_flags;
     block.bits = f.scale().encode(block.value);
     const double total = block.value * q.tensor_scale;  // exact: few bits
     for (std::size_t i = first; i < last; ++i) {

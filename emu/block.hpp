@@ -101,13 +101,18 @@ struct BlockSpec {
   // policy also says what a scale too large for E8M0 becomes: 2^127 under saturate,
   // else NaN (the block's values are NaN, as Microsoft's MX reference library does).
   RoundSpec element{Rounding::rne, Overflow::saturate};
-  // nvfp4: the fp32 per-tensor scale to use (a positive finite fp32 value); unset: the
-  // array's amax / (6 * 448) rounded to fp32 (ties to even), the least fp32 subnormal
-  // if that rounds to zero, 1 for an array of zeros. Must stay unset for MX formats.
+  // nvfp4: the fp32 per-tensor scale to use (a positive finite fp32 value); unset:
+  // default_tensor_scale(f, values). Must stay unset for MX formats.
   std::optional<double> tensor_scale;
 };
 // The format's default rule, elements rne, saturating.
 BlockSpec default_block_spec(const BlockFormat& f);
+// nvfp4's default tensor scale for `values` (what quantize uses when spec.tensor_scale
+// is unset): their largest finite magnitude / (6 * 448) rounded up to fp32, so that no
+// block's scale exceeds 448; at least the least fp32 subnormal; 1 for all zeros. To
+// quantise a matrix in pieces (its rows, say) with the one tensor scale of the whole,
+// pass this in spec.tensor_scale. Throws std::invalid_argument for MX formats.
+double default_tensor_scale(const BlockFormat& f, std::span<const double> values);
 
 struct BlockScale {
   std::uint64_t bits = 0;  // in BlockFormat::scale()
@@ -119,6 +124,9 @@ struct BlockScale {
   // INEXACT when NVFP4's scale rounded to zero with non-zero values in the block (they
   // are lost). A NaN value makes the scale NaN without a flag (NaN propagates quietly).
   Flags flags = 0;
+  // The scale's own part of `flags` (OFLO, INEXACT and INV of an E8M0 overflow, INV of
+  // an infinite value), without its elements'.
+  Flags scale_flags = 0;
 };
 
 struct BlockQuantized {

@@ -51,13 +51,10 @@ The roundoff calculator: rounding, arithmetic and matrix units in low-precision 
   emu quantize VALUE... --format B  block quantisation (OCP MX, NVFP4), per value
 emu SUBCOMMAND --help tells more.
 
-Formats: fp64 fp32 tf32 bf16 fp16 fp8-e5m2 fp8-e4m3, fp8-e4m3fnuz fp8-e5m2fnuz (no
-inf, one NaN at 0x80, no -0), fp6-e2m3 fp6-e3m2 fp4-e2m1 (OCP MX: no inf, no NaN),
-e8m0 (the MX scale: 2^-127..2^127, NaN), ue4m3 (NVFP4's scale), eXmY (IEEE-like,
-X = 2..11 exponent bits, Y = 1..52 fraction bits), binaryKpPSD (IEEE P3109: K bits,
-precision P, S = s signed or u unsigned, D = e with inf or f finite: binary8p3se).
-Block formats (emu quantize): mxfp8-e4m3 mxfp8-e5m2 mxfp6-e2m3 mxfp6-e3m2 mxfp4-e2m1
-mxint8 nvfp4. Rounding: rne rna rz ru rd ro sr.
+)HELP";
+
+// After the format lists (made from emu's own tables).
+const char* const kMainHelpTail = R"HELP(Rounding: rne rna rz ru rd ro sr.
 Numbers: decimal (read exactly, rounded once), hex-float (0x1.8p-3), inf, nan.
 
 Output, one line per result. --json: one JSON object per line with "value" (a number
@@ -832,10 +829,37 @@ int gemm(const std::vector<std::string>& args, Output& out) {
   return 0;
 }
 
+
+// `text` broken into lines of at most 88 columns at spaces.
+std::string wrapped(const std::string& text) {
+  std::string out, line;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    auto end = text.find(' ', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string word = text.substr(start, end - start);
+    if (!line.empty() && line.size() + 1 + word.size() > 88) {
+      out += line + "\n";
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+    start = end + 1;
+  }
+  return out + line + "\n";
+}
+
+std::string main_help() {
+  std::string blocks;
+  for (const char* const* n = block_format_names(); *n != nullptr; ++n) blocks += std::string(" ") + *n;
+  return kMainHelp + wrapped("Formats: " + format_list_text() + ".") +
+         wrapped("Block formats (emu quantize):" + blocks + ".") + kMainHelpTail;
+}
+
 }  // namespace
 
 const char* help_text(const std::string& command) {
-  if (command.empty()) return kMainHelp;
+  static const std::string main_text = main_help();
+  if (command.empty()) return main_text.c_str();
   if (command == "info") return kInfoHelp;
   if (command == "round") return kRoundHelp;
   if (command == "eval") return kEvalHelp;

@@ -58,6 +58,7 @@ struct Expected {
   std::vector<double> elements;
   std::vector<emu::Flags> element_flags;
   emu::Flags block_flags = 0;
+  emu::Flags scale_flags = 0;
 };
 
 // The exact model of one block: the scale by the rule's definition, every element x/X
@@ -111,6 +112,7 @@ Expected model_block(const std::string& name, const std::vector<double>& block, 
     }
   }
   const double total = e.scale * tensor_scale;
+  e.scale_flags = e.block_flags;
   for (double x : block) {
     ref::Result r{0.0, 0};
     if (std::isnan(e.scale)) {
@@ -202,6 +204,7 @@ TEST_CASE("block quantisation matches the exact model: every format, rule, mode,
                                               v.begin() + static_cast<long>(std::min(n, first + f.block_size())));
               const Expected want = model_block(*name, block, rule, mode, overflow, t);
               bool ok = same(q.scales[b].value, want.scale) && q.scales[b].flags == want.block_flags &&
+                        q.scales[b].scale_flags == want.scale_flags &&
                         q.scales[b].bits == f.scale().encode(want.scale);
               for (std::size_t i = 0; i < block.size(); ++i) {
                 ok = ok && same(q.elements[first + i], want.elements[i]) &&
