@@ -65,6 +65,18 @@ struct Spec {
   double least_value() const { return zero ? 0.0 : min_normal(); }
 };
 
+// A format beyond IEEE and OCP fn from all its fields; no zero implies no subnormals.
+inline Spec spec_of(int exponent_bits, int p, Nan nan, int inf, int bias, bool is_signed, bool zero) {
+  Spec s{exponent_bits, p};
+  s.nan = nan;
+  s.inf = inf;
+  s.bias_value = bias;
+  s.is_signed = is_signed;
+  s.zero = zero;
+  s.subnormals = zero;
+  return s;
+}
+
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
 // The value of bit pattern `bits`, from the definitions: (-1)^S 2^(E - bias) (1 + T/2^p),

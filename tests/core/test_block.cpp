@@ -20,17 +20,7 @@ namespace {
 
 using emu::ScaleRule;
 using ref::Nan;
-
-ref::Spec spec_of(int e, int p, Nan nan, int inf, int bias, bool is_signed, bool zero) {
-  ref::Spec s{e, p};
-  s.nan = nan;
-  s.inf = inf;
-  s.bias_value = bias;
-  s.is_signed = is_signed;
-  s.zero = zero;
-  s.subnormals = zero;
-  return s;
-}
+using ref::spec_of;
 
 // The element grids from their definitions (OCP OFP8 v1.0; OCP MX v1.0 5.3; MXINT8:
 // k/64 for |k| <= 127, written as 1 exponent bit with bias 1 and 6 fraction bits).

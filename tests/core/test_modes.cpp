@@ -23,16 +23,6 @@ struct FormatCase {
 
 // The OCP and IEEE presets, tf32, and generic layouts at the extremes of the allowed
 // fields (e3m2: tiny; e11m20: double's exponent range with fp32-like precision).
-ref::Spec beyond_ieee(int e, int p, ref::Nan nan, int inf, int bias, bool is_signed, bool zero) {
-  ref::Spec s{e, p, false, zero};
-  s.nan = nan;
-  s.inf = inf;
-  s.bias_value = bias;
-  s.is_signed = is_signed;
-  s.zero = zero;
-  return s;
-}
-
 // Formats beyond IEEE (their definitions: tests/core/test_small_formats.cpp).
 const std::array<FormatCase, 18> kFormats = {{
     {"fp16", {5, 10}},
@@ -46,13 +36,13 @@ const std::array<FormatCase, 18> kFormats = {{
     {"e8m4", {8, 4}},
     {"e11m20", {11, 20}},
     {"fp64", {11, 52}},
-    {"fp8-e4m3fnuz", beyond_ieee(4, 3, ref::Nan::negative_zero, 0, 8, true, true)},
-    {"fp8-e5m2fnuz", beyond_ieee(5, 2, ref::Nan::negative_zero, 0, 16, true, true)},
-    {"fp6-e3m2", beyond_ieee(3, 2, ref::Nan::none, 0, 3, true, true)},
-    {"fp4-e2m1", beyond_ieee(2, 1, ref::Nan::none, 0, 1, true, true)},
-    {"e8m0", beyond_ieee(8, 0, ref::Nan::largest, 0, 127, false, false)},
-    {"ue4m3", beyond_ieee(4, 3, ref::Nan::largest, 0, 7, false, true)},
-    {"binary8p3se", beyond_ieee(5, 2, ref::Nan::negative_zero, 1, 16, true, true)},
+    {"fp8-e4m3fnuz", ref::spec_of(4, 3, ref::Nan::negative_zero, 0, 8, true, true)},
+    {"fp8-e5m2fnuz", ref::spec_of(5, 2, ref::Nan::negative_zero, 0, 16, true, true)},
+    {"fp6-e3m2", ref::spec_of(3, 2, ref::Nan::none, 0, 3, true, true)},
+    {"fp4-e2m1", ref::spec_of(2, 1, ref::Nan::none, 0, 1, true, true)},
+    {"e8m0", ref::spec_of(8, 0, ref::Nan::largest, 0, 127, false, false)},
+    {"ue4m3", ref::spec_of(4, 3, ref::Nan::largest, 0, 7, false, true)},
+    {"binary8p3se", ref::spec_of(5, 2, ref::Nan::negative_zero, 1, 16, true, true)},
 }};
 
 enum class Op { convert, add, sub, mul, div, fma, sqrt };

@@ -27,22 +27,12 @@
 namespace {
 
 using ref::Nan;
+using ref::spec_of;
 
 struct SmallFormat {
   std::string name;  // emu's name
   ref::Spec spec;    // the same format from its defining fields
 };
-
-ref::Spec spec_of(int e, int p, Nan nan, int inf, int bias, bool is_signed, bool zero) {
-  ref::Spec s{e, p};
-  s.nan = nan;
-  s.inf = inf;
-  s.bias_value = bias;
-  s.is_signed = is_signed;
-  s.zero = zero;
-  s.subnormals = zero;
-  return s;
-}
 
 // P3109 interim report v4.0, 3.1 and 4.7.2: signed: K - P exponent bits, bias
 // 2^(K-P-1), NaN at 2^(K-1); unsigned: K - P + 1 exponent bits, bias 2^(K-P), NaN at
