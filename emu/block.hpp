@@ -117,12 +117,13 @@ double default_tensor_scale(const BlockFormat& f, std::span<const double> values
 struct BlockScale {
   std::uint64_t bits = 0;  // in BlockFormat::scale()
   double value = 0;        // its exact value (NaN: every value of the block is NaN)
-  // The block's flags: its elements' roundings (OFLO: an element overflowed, saturated
-  // or not; UFLO, INEXACT as emu::round raises them; integer elements raise no UFLO) and
-  // its scale's: OFLO and INEXACT when the scale overflowed E8M0 (with INV when that
-  // made it NaN), INV for an infinite value in the block (its scale is NaN), UFLO and
-  // INEXACT when NVFP4's scale rounded to zero with non-zero values in the block (they
-  // are lost). A NaN value makes the scale NaN without a flag (NaN propagates quietly).
+  // The block's flags: its elements' (element_flags: OFLO for an element that
+  // overflowed, saturated or not; UFLO, INEXACT as emu::round raises them; integer
+  // elements raise no UFLO; UFLO and INEXACT for a non-zero value lost to an NVFP4 scale
+  // that rounded to zero) and its scale's (scale_flags: OFLO and INEXACT when the scale
+  // overflowed E8M0, with INV when that made it NaN; INV for an infinite value in the
+  // block, whose scale is NaN). A NaN value makes the scale NaN without a flag (NaN
+  // propagates quietly).
   Flags flags = 0;
   // The scale's own part of `flags` (OFLO, INEXACT and INV of an E8M0 overflow, INV of
   // an infinite value), without its elements'.
