@@ -228,6 +228,13 @@ double Context::round(const Format& f, const Exact& x, const char* op,
   return round_with(control.effective_rounding(), f, x, op, operands, raised);
 }
 
+double Context::exact_zero(const Format& f, double zero, const char* op, std::initializer_list<double> operands) {
+  // IEEE formats keep the sign IEEE 754 6.3 gives; formats without -0 or without zero
+  // take round()'s rule for a zero (+0; the least value with UFLO and INEXACT).
+  if (f.has_negative_zero()) return zero;
+  return round(f, Exact{zero}, op, operands);
+}
+
 double Context::invalid(const char* op, std::initializer_list<double> operands) {
   raise(INV, op, operands, kNaN);
   return kNaN;
@@ -251,7 +258,7 @@ double Context::add(const Format& f, double a, double b) {
   if (std::isinf(a) && std::isinf(b) && std::signbit(a) != std::signbit(b)) return invalid("add", {a, b});
   if (std::isinf(a) || std::isinf(b)) return round(f, Exact{std::isinf(a) ? a : b}, "add", {a, b});
   const Exact x = exact_add(a, b);
-  if (is_exact_zero(x)) return zero_sum(control.effective_rounding(), a, b);
+  if (is_exact_zero(x)) return exact_zero(f, zero_sum(control.effective_rounding(), a, b), "add", {a, b});
   return round(f, x, "add", {a, b});
 }
 
@@ -260,7 +267,7 @@ double Context::sub(const Format& f, double a, double b) {
   if (std::isinf(a) && std::isinf(b) && std::signbit(a) == std::signbit(b)) return invalid("sub", {a, b});
   if (std::isinf(a) || std::isinf(b)) return round(f, Exact{std::isinf(a) ? a : -b}, "sub", {a, b});
   const Exact x = exact_add(a, -b);
-  if (is_exact_zero(x)) return zero_sum(control.effective_rounding(), a, -b);
+  if (is_exact_zero(x)) return exact_zero(f, zero_sum(control.effective_rounding(), a, -b), "sub", {a, b});
   return round(f, x, "sub", {a, b});
 }
 
@@ -293,7 +300,7 @@ double Context::fma(const Format& f, double a, double b, double c) {
   const Exact x = exact_fma(a, b, c);
   if (is_exact_zero(x)) {
     const double product = (a == 0 || b == 0) ? std::copysign(0.0, a) * std::copysign(1.0, b) : 1.0;
-    return zero_sum(control.effective_rounding(), product, c);
+    return exact_zero(f, zero_sum(control.effective_rounding(), product, c), "fma", {a, b, c});
   }
   return round(f, x, "fma", {a, b, c});
 }

@@ -129,6 +129,8 @@ class Context {
 
  private:
   double invalid(const char* op, std::initializer_list<double> operands);
+  // An exact zero result (IEEE 754 6.3's sign in `zero`) as a value of f.
+  double exact_zero(const Format& f, double zero, const char* op, std::initializer_list<double> operands);
   void raise(Flags raised, const char* op, std::initializer_list<double> operands, double result);
   void count(Flags counted, const char* op, std::initializer_list<double> operands, double result);
 

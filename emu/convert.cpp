@@ -1067,7 +1067,7 @@ Flags dispatch(Kernels kernels, const HalfRounding& how, std::span<const float> 
 }
 
 bool has_layout(const Format& f, int exponent_bits, int fraction_bits) {
-  return f.encoding() == Encoding::ieee && f.exponent_bits() == exponent_bits && f.fraction_bits() == fraction_bits;
+  return f.ieee_like() && f.exponent_bits() == exponent_bits && f.fraction_bits() == fraction_bits;
 }
 
 }  // namespace

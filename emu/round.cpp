@@ -16,6 +16,8 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 double overflow_result(const Format& f, bool negative, const RoundSpec& spec, Flags& flags) {
   flags |= OFLO | INEXACT;
   const double max = negative ? -f.max_finite() : f.max_finite();
+  // A format without NaN (OCP fp6, fp4) has nothing beyond max: every policy saturates.
+  if (!f.has_nan()) return max;
   switch (spec.overflow) {
     case Overflow::saturate:
       return max;
@@ -34,8 +36,8 @@ double overflow_result(const Format& f, bool negative, const RoundSpec& spec, Fl
     default: break;
   }
   if (!to_infinity) return max;
-  // Where inf would go: +-inf, or in a format without inf (OCP fp8-e4m3) the NaN of the
-  // same sign (S.1111.111 exists for both signs).
+  // Where inf would go: +-inf, or in a format without inf (OCP fp8-e4m3, fnuz) its NaN
+  // (OCP: S.1111.111 of the same sign; fnuz: the one NaN 0x80).
   if (f.has_infinity()) return negative ? -kInf : kInf;
   return negative ? -kNaN : kNaN;
 }
@@ -167,16 +169,15 @@ bool rounds_to_min_normal(const Format& f, double ax, double lo, int lo_scale, c
   return round_up(spec.mode, negative, true, d);  // n = 2^(p+1) - 1 is odd
 }
 
-}  // namespace
-
-double round(const Format& f, const Exact& x, const RoundSpec& spec, Rng* rng, Flags& flags) {
+// round() for a signed format with zero and -0: the IEEE rules. round() below adapts
+// its result to formats without -0, without zero or without a sign.
+double round_signed(const Format& f, const Exact& x, const RoundSpec& spec, Rng* rng, Flags& flags) {
   const double hi = x.hi;
-  if (std::isnan(hi)) return hi;
   const bool negative = std::signbit(hi);
   if (x.beyond_double) return overflow_result(f, negative, spec, flags);
   if (std::isinf(hi)) {
     if (f.has_infinity()) return hi;
-    if (spec.overflow == Overflow::saturate) {
+    if (spec.overflow == Overflow::saturate || !f.has_nan()) {
       flags |= OFLO;
       return negative ? -f.max_finite() : f.max_finite();
     }
@@ -265,6 +266,38 @@ double round(const Format& f, const Exact& x, const RoundSpec& spec, Rng* rng, F
   if (tiny && after && spec.mode == Rounding::sr) tiny = magnitude < f.min_normal();
   if (inexact) flags |= tiny ? (INEXACT | UFLO) : INEXACT;
   return negative ? -magnitude : magnitude;
+}
+
+}  // namespace
+
+double round(const Format& f, const Exact& x, const RoundSpec& spec, Rng* rng, Flags& flags) {
+  if (std::isnan(x.hi)) {
+    if (f.has_nan()) return x.hi;
+    flags |= INV;  // no NaN to give: the value is lost
+    return f.has_zero() ? 0.0 : f.min_normal();
+  }
+  if (f.has_negative_zero()) return round_signed(f, x, spec, rng, flags);  // signed, with zero and -0: IEEE
+  Flags raised = 0;
+  double r = round_signed(f, x, spec, rng, raised);
+  if (!f.is_signed() && std::signbit(r) && r != 0) {
+    // A negative result (finite, infinite or a NaN of x's sign) has no value in an
+    // unsigned format: invalid. NaN, or the least value under saturate (P3109's
+    // SatFinite gives its least value, zero) and in formats without NaN.
+    raised = INV;
+    r = spec.overflow == Overflow::saturate || !f.has_nan() ? (f.has_zero() ? 0.0 : f.min_normal())
+                                                             : std::numeric_limits<double>::quiet_NaN();
+  } else if (r == 0) {
+    if (f.has_zero()) {
+      r = 0.0;  // no -0: the one zero
+    } else {
+      // No zero (e8m0): a result that would be zero (x zero or tiny, flushed) is the
+      // least value, the nearest there is, with UFLO and INEXACT.
+      raised |= UFLO | INEXACT;
+      r = std::copysign(f.min_normal(), f.is_signed() ? r : 1.0);
+    }
+  }
+  flags |= raised;
+  return r;
 }
 
 }  // namespace emu

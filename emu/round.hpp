@@ -105,19 +105,38 @@ inline bool round_up(Rounding mode, bool negative, bool n_odd, Discarded discard
 //     that are tiny after rounding. The IPU's documents do not say, so for the IPU it is
 //     a choice.
 // Special operands and results:
-//  - NaN gives NaN of the same sign, no flag.
-//  - +-inf gives +-inf. In a format without inf (OCP fp8-e4m3) an infinite operand has
-//    no value: NaN of the same sign with INV (as IEEE 754 7.2 does for converting inf to
+//  - NaN gives NaN of the same sign, no flag. A format without NaN (OCP fp6, fp4) has
+//    no value for it: +0 with INV (the OCP MX spec leaves the conversion of NaN to
+//    these formats to the implementation; emu's choice).
+//  - +-inf gives +-inf. In a format without inf (OCP fp8-e4m3, fnuz) an infinite
+//    operand has no value: its NaN with INV (as IEEE 754 7.2 does for converting inf to
 //    an integer format, which has no inf either), or +-max with OFLO under
-//    Overflow::saturate.
+//    Overflow::saturate and in formats without NaN.
 //  - A finite x that overflows raises OFLO and INEXACT (IEEE 754 7.4), whatever it
 //    becomes: under Overflow::inf +-inf, or +-max where the mode rounds toward zero, or
-//    in a format without inf the NaN of x's sign (fp8-e4m3: 0x7f or 0xff, the OCP
-//    S.1111.111 patterns); under Overflow::saturate +-max; under Overflow::nan (the IPU's
-//    NANOO) the canonical positive quiet NaN, with INV as well. Graphcore's
-//    documentation says NANOO gives "a Not-a-Number result" and sets INV, not which
-//    NaN; emu gives the same positive NaN for either sign (the array kernels of
-//    emu/convert.hpp do too).
+//    in a format without inf its NaN (fp8-e4m3: 0x7f or 0xff, the OCP S.1111.111
+//    patterns of x's sign; fnuz: 0x80, as ml_dtypes' float8_e4m3fnuz does); under
+//    Overflow::saturate +-max; under Overflow::nan (the IPU's NANOO) the canonical
+//    positive quiet NaN, with INV as well. Graphcore's documentation says NANOO gives "a
+//    Not-a-Number result" and sets INV, not which NaN; emu gives the same positive NaN
+//    for either sign (the array kernels of emu/convert.hpp do too). A format without
+//    NaN (OCP fp6, fp4) saturates to +-max under every policy (OFLO and INEXACT): the
+//    OCP MX spec v1.0 has its conversions clamp to the largest magnitude. P3109's
+//    saturation modes map as: SatFinite = saturate; SatPropagate and SatNone = inf for
+//    its extended formats (+-inf); for its finite formats SatNone gives +-max, emu's
+//    inf policy their NaN (use saturate for P3109's result).
+//  - Formats without -0 (fnuz, P3109 signed): a zero result is +0 (the one zero).
+//  - Unsigned formats (e8m0, ue4m3, P3109 unsigned): a result that would be negative
+//    and non-zero (a negative x that does not round to zero, -inf) is invalid: INV
+//    alone, and NaN, or the least value (0, or e8m0's 2^-127) under Overflow::saturate
+//    and in formats without NaN (P3109: SatNone gives NaN, SatFinite its least value).
+//    A negative x that rounds to zero gives +0 with the usual UFLO and INEXACT.
+//  - Formats without zero (e8m0): a result that would be zero (x = 0, or a tiny x
+//    flushed: such formats have no subnormals) is the least value 2^-bias, the nearest
+//    there is, with UFLO and INEXACT.
+//  - Formats without fraction bits (e8m0, P3109 P = 1): the significand of every value
+//    is 1 (odd), so an exact tie between 2^e and 2^(e+1) goes up under rne (1 + 1 = 2 =
+//    1 * 2^(e+1), even), as under rna.
 double round(const Format& f, const Exact& x, const RoundSpec& spec, Rng* rng, Flags& flags);
 
 // Convenience for exact doubles.

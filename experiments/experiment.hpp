@@ -10,6 +10,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -162,6 +163,11 @@ std::vector<ParamSpec> fp_exception_params();
 // The control with the point's exception parameters applied: traps (trap) or counted
 // (count) = the enabled flags; nanoo sets Overflow::nan; tininess sets FpControl::tininess.
 emu::FpControl with_fp_exceptions(emu::FpControl control, const Params& p);
+
+// FNV-1a, 64 bits, over the text, folded to 32 bits: stable across platforms and runs.
+// For the point index of a common-random-numbers data stream (a hash of exactly the
+// parameters the data depend on).
+std::uint32_t stable_hash32(std::string_view text);
 
 // Common validators for parameters that name emu things.
 std::string check_format_name(const ParamValue& v);    // any format emu knows

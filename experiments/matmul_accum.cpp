@@ -4,7 +4,14 @@
 // compared element by element with the exactly computed product.
 //  - Inputs are rounded (RNE, saturating) into in_format: uniform01 = U[0, 1); normal =
 //    N(0, 1); lognormal = exp(spread * N(0, 1)); sign = positive takes magnitudes, mixed
-//    gives each entry a random sign. Common random numbers: A and B depend only on
+//    gives each entry a random sign. A block format (OCP MX, NVFP4) as in_format
+//    quantises the rows of A and the columns of B in blocks along K (as MX matrix units
+//    take their operands; nvfp4 with one tensor scale per matrix), with the format's
+//    default scale rule and elements RNE and saturating, and gives the dequantised
+//    values to the unit: only the reference units (exact, fp32-seq, fp16-seq, whose
+//    input format is then fp64, since the dequantised values need not lie in any scalar
+//    format) take them; the tensor cores and the IPU take scalar formats only (a block-
+//    scaled matrix unit consumes blocks, not their values). Common random numbers: A and B depend only on
 //    (seed, replica, M, N, K, distribution, spread for lognormal, sign, in_format), not
 //    on the unit, rounding or the point's place in the grid, so every unit at the same K
 //    sees the same matrices. Their stream is the run's stream with lane 1 and the point
@@ -36,6 +43,7 @@
 #include "emu/round.hpp"
 #include "emu/unit.hpp"
 #include "experiment.hpp"
+#include "operand_format.hpp"
 
 namespace roundoff {
 
@@ -52,7 +60,12 @@ bool is_sequential(emu::UnitKind kind) { return kind == emu::UnitKind::fp32_seq 
 std::unique_ptr<emu::MatrixUnit> build_unit(const Params& p) {
   const std::string& out_name = p.string("out_format");
   const emu::UnitKind kind = emu::unit_kind_by_name(p.string("unit"));
-  const emu::Format in = emu::format_by_name(p.string("in_format"));
+  const OperandFormat operands = operand_format_by_name(p.string("in_format"));
+  if (operands.block && kind != emu::UnitKind::exact && !is_sequential(kind))
+    throw std::invalid_argument("in_format " + operands.name() + " is a block format: its dequantised operands go to "
+                                "the reference units exact, fp32-seq and fp16-seq only (unit " + p.string("unit") +
+                                " takes a scalar format)");
+  const emu::Format in = operands.block ? emu::fp64() : *operands.scalar;
   const std::optional<emu::Format> out =
       is_default_format(out_name) ? std::nullopt : std::optional<emu::Format>(emu::format_by_name(out_name));
   const bool fused = p.boolean("fused");
@@ -62,16 +75,6 @@ std::unique_ptr<emu::MatrixUnit> build_unit(const Params& p) {
   return emu::make_unit(kind, in, out);
 }
 
-// FNV-1a, 64 bits, over the text, folded to 32 bits: stable across platforms and runs.
-std::uint32_t fnv1a32(const std::string& text) {
-  std::uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char ch : text) {
-    h ^= ch;
-    h *= 0x100000001b3ULL;
-  }
-  return static_cast<std::uint32_t>(h ^ (h >> 32));
-}
-
 // The point index of the data stream: a hash of exactly the parameters the matrices
 // depend on (the format by its canonical name; spread only for lognormal, the one
 // distribution that reads it; spread by its bit pattern).
@@ -79,9 +82,9 @@ std::uint32_t data_point(const Params& p) {
   const std::string& distribution = p.string("distribution");
   std::string key = "matmul_accum data;M=" + std::to_string(p.integer("M")) + ";N=" + std::to_string(p.integer("N")) +
                     ";K=" + std::to_string(p.integer("K")) + ";distribution=" + distribution +
-                    ";sign=" + p.string("sign") + ";in=" + emu::format_by_name(p.string("in_format")).name();
+                    ";sign=" + p.string("sign") + ";in=" + operand_format_by_name(p.string("in_format")).name();
   if (distribution == "lognormal") key += ";spread=" + std::to_string(std::bit_cast<std::uint64_t>(p.real("spread")));
-  return fnv1a32(key);
+  return stable_hash32(key);
 }
 
 double draw(emu::Rng& rng, const std::string& distribution, double spread, bool mixed_sign) {
@@ -118,8 +121,23 @@ RunResult run(const Params& p, const RunEnv& env) {
     }
   };
   std::vector<double> A(m * k), B(k * n), C(m * n, 0.0);
-  fill(A);
-  fill(B);
+  const OperandFormat operands = operand_format_by_name(p.string("in_format"));
+  if (operands.block) {
+    // Raw draws, then blocks along K: the rows of A, the columns of B (transposed).
+    for (double& x : A) x = draw(data, distribution, spread, mixed);
+    std::vector<double> Bt(n * k);
+    for (std::size_t q = 0; q < k; ++q)
+      for (std::size_t j = 0; j < n; ++j) B[q * n + j] = draw(data, distribution, spread, mixed);
+    for (std::size_t q = 0; q < k; ++q)
+      for (std::size_t j = 0; j < n; ++j) Bt[j * k + q] = B[q * n + j];
+    quantize_rows(*operands.block, A, k);
+    quantize_rows(*operands.block, Bt, k);
+    for (std::size_t q = 0; q < k; ++q)
+      for (std::size_t j = 0; j < n; ++j) B[q * n + j] = Bt[j * k + q];
+  } else {
+    fill(A);
+    fill(B);
+  }
   if (env.cancelled()) throw Cancelled();
 
   const emu::Rounding rounding = emu::rounding_by_name(p.string("rounding"));
@@ -208,8 +226,10 @@ Experiment make_matmul_accum() {
         real_param("spread", 1.0, "sigma of the lognormal distribution (other distributions ignore it)", 0, 20),
         string_param("sign", "positive", "positive: magnitudes only; mixed: each entry gets a random sign",
                      {"positive", "mixed"}),
-        string_param("in_format", "fp16", "format the inputs are rounded into (RNE, saturating)", {},
-                     check_format_name),
+        string_param("in_format", "fp16",
+                     "format the inputs are rounded into (RNE, saturating); a block format (mxfp8-e4m3 ... nvfp4) "
+                     "quantises A's rows and B's columns in blocks along K for the units exact, fp32-seq, fp16-seq",
+                     {}, check_operand_format_name),
         string_param("out_format", "default", "partials/output format; \"\" or default = the unit's natural one",
                      {}, check_out_format),
         string_param("rounding", "rne",

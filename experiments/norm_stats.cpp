@@ -4,7 +4,11 @@
 // rounded into the accumulation format (norm_stats.hpp has the algorithms, their scopes
 // and their error bounds).
 //  - A run computes the statistics of `vectors` vectors of `length` values
-//    x = mean + spread * z, z standard normal, each rounded once (rne) into `format`.
+//    x = mean + spread * z, z standard normal, each rounded once (rne) into `format`;
+//    a block format (OCP MX, NVFP4) quantises each vector in blocks along it (its
+//    default scale rule, elements rne and saturating; nvfp4 with the vector's own
+//    tensor scale) and the statistics take the dequantised values, as a LayerNorm
+//    reading MX-stored activations would.
 //  - Common random numbers: vector j's z values are the first `length` normals of the
 //    stream (seed, 0, replica, lane 1 + j). They depend neither on the point's place in
 //    the grid nor on mean, spread, algorithm or accumulation, and a shorter vector is a
@@ -29,6 +33,7 @@
 #include "emu/exact_sum.hpp"
 #include "emu/format.hpp"
 #include "experiment.hpp"
+#include "operand_format.hpp"
 
 namespace roundoff {
 
@@ -211,7 +216,7 @@ double median_of(std::vector<double> v) {
 
 RunResult run_norm_stats(const Params& p, const RunEnv& env) {
   using namespace norm_stats;
-  const emu::Format format = emu::format_by_name(p.string("format"));
+  const OperandFormat input = operand_format_by_name(p.string("format"));
   const emu::Format accumulation = emu::format_by_name(p.string("accumulation"));
   const Algorithm algorithm = algorithm_by_name(p.string("algorithm"));
   const auto length = static_cast<std::size_t>(p.integer("length"));
@@ -236,11 +241,27 @@ RunResult run_norm_stats(const Params& p, const RunEnv& env) {
       // The inputs enter the format once with rne whatever the rounding under test; an
       // input beyond the format's range follows the overflow policy (and is counted).
       emu::Scope scope(ctx, "input");
-      for (std::size_t i = 0; i < length; ++i) {
-        emu::ElementGuard element(ctx, row * static_cast<std::int64_t>(length) + static_cast<std::int64_t>(i),
-                                  {row, static_cast<std::int64_t>(i)});
-        const double value = mean + spread * data.normal();
-        x[i] = ctx.round_with(emu::Rounding::rne, format, emu::Exact{value}, "convert", {value});
+      if (input.block) {
+        for (double& v : x) v = mean + spread * data.normal();
+        const emu::BlockQuantized q = emu::quantize(*input.block, x, emu::default_block_spec(*input.block), nullptr);
+        for (std::size_t i = 0; i < length; ++i) {
+          emu::ElementGuard element(ctx, row * static_cast<std::int64_t>(length) + static_cast<std::int64_t>(i),
+                                    {row, static_cast<std::int64_t>(i)});
+          const double value = x[i];
+          x[i] = q.value(i, *input.block);
+          // The element's flags, and at a block's first element what its scale raised.
+          emu::Flags raised = q.element_flags[i];
+          if (i % static_cast<std::size_t>(input.block->block_size()) == 0)
+            raised |= q.scales[q.block_of(i, *input.block)].scale_flags;
+          if (raised) ctx.raise_flags(raised, "quantize", {value}, x[i]);
+        }
+      } else {
+        for (std::size_t i = 0; i < length; ++i) {
+          emu::ElementGuard element(ctx, row * static_cast<std::int64_t>(length) + static_cast<std::int64_t>(i),
+                                    {row, static_cast<std::int64_t>(i)});
+          const double value = mean + spread * data.normal();
+          x[i] = ctx.round_with(emu::Rounding::rne, *input.scalar, emu::Exact{value}, "convert", {value});
+        }
       }
     }
     // Each vector's statistics start from a clear status, so that its flags are its own
@@ -300,8 +321,9 @@ Experiment norm_stats_experiment() {
                    "any format emu knows)",
                    {}, check_format_name),
       string_param("format", "fp16",
-                   "format the inputs are rounded into (rne); at most 24 significand bits (fp32 and narrower)", {},
-                   check_format_name),
+                   "format the inputs are rounded into (rne); at most 24 significand bits (fp32 and narrower); a "
+                   "block format (mxfp8-e4m3 ... nvfp4) quantises each vector in blocks along it",
+                   {}, check_operand_format_name),
       real_param("mean", 1000.0, "mean of the inputs' distribution (finite, within the input format's range)"),
       real_param("spread", 1.0, "standard deviation of the inputs' distribution (normal)", 0.0),
       int_param("length", 512, "number of values per vector (n; the variance divides by n)", 1,
@@ -339,20 +361,24 @@ Experiment norm_stats_experiment() {
   e.headline_metric = "var_rel_error";
   e.run = run_norm_stats;
   e.check_point = [](const Params& p) -> std::string {
-    const emu::Format format = emu::format_by_name(p.string("format"));
-    if (format.precision() > kMaxInputPrecision)
-      return "format " + p.string("format") + " has " + std::to_string(format.precision()) +
+    const OperandFormat input = operand_format_by_name(p.string("format"));
+    // Block formats: MX values have at most 8 significand bits, NVFP4's at most
+    // 2 + 4 + 24 (element, UE4M3 scale, fp32 tensor scale), within what the exact
+    // reference takes (53 - 16); their range (scales up to 2^127) holds any finite mean.
+    if (input.scalar && input.scalar->precision() > kMaxInputPrecision)
+      return "format " + p.string("format") + " has " + std::to_string(input.scalar->precision()) +
              " significand bits; norm_stats takes inputs of at most " + std::to_string(kMaxInputPrecision) +
              " (fp32 and narrower), which its exact reference needs";
     const double mean = p.real("mean");
-    if (!std::isfinite(mean) || std::fabs(mean) > format.max_finite())
+    const double max = input.scalar ? input.scalar->max_finite() : std::numeric_limits<double>::max();
+    if (!std::isfinite(mean) || std::fabs(mean) > max)
       return "mean must be finite and within the range of " + p.string("format") + " (|mean| <= " +
-             std::to_string(format.max_finite()) + ")";
+             std::to_string(max) + ")";
     if (!std::isfinite(p.real("spread"))) return "spread must be finite";
     return "";
   };
   e.fp_exceptions_note =
-      "scopes: input (the inputs' rounding), naive.sum, naive.sum_sq, naive.mean, naive.var, two_pass.sum, "
+      "scopes: input (the inputs' rounding: op convert, or quantize for a block format), naive.sum, naive.sum_sq, naive.mean, naive.var, two_pass.sum, "
       "two_pass.mean, two_pass.sum_sq_dev, two_pass.var, welford.update, welford.var; element = [vector, i] in "
       "the loops, [vector] for the final operations";
   return e;

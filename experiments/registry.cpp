@@ -154,6 +154,15 @@ emu::FpControl with_fp_exceptions(emu::FpControl control, const Params& p) {
   return control;
 }
 
+std::uint32_t stable_hash32(std::string_view text) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char ch : text) {
+    h ^= ch;
+    h *= 0x100000001b3ULL;
+  }
+  return static_cast<std::uint32_t>(h ^ (h >> 32));
+}
+
 std::string check_format_name(const ParamValue& v) {
   return check_with(v, [](const std::string& s) { (void)emu::format_by_name(s); });
 }

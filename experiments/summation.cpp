@@ -145,7 +145,7 @@ Experiment summation_experiment() {
                    {"harmonic", "uniform01", "normal", "constant"}),
       int_param("n", 1000, "number of terms", 1, 1e8),
       string_param("format", "fp16",
-                   "format of the terms and of every operation (fp64 fp32 tf32 bf16 fp16 fp8-e5m2 fp8-e4m3 eXmY)", {},
+                   "format of the terms and of every operation: " + emu::format_list_text(), {},
                    check_format_name),
       string_param("rounding", "rne",
                    "rounding of every addition (terms enter the format with rne): rne rna rz ru rd ro sr", {},

@@ -89,7 +89,7 @@ Experiment swamping_experiment() {
   e.description = "x <- round(x + addend) repeated: small addends swamped by a growing sum (IPU SR tutorial)";
   e.params = {
       string_param("format", "fp16",
-                   "number format of x and the addend (fp64 fp32 tf32 bf16 fp16 fp8-e5m2 fp8-e4m3 eXmY)", {},
+                   "number format of x and the addend: " + emu::format_list_text(), {},
                    check_format_name),
       string_param("rounding", "rne", "rounding of each addition: rne rna rz ru rd ro sr", {}, check_rounding_name),
       real_param("addend", 1e-4, "value added at each step; rounded into the format first with rne"),

@@ -8,6 +8,8 @@ swamping:  <stem>_trace.png (running value x per format and rounding: median and
            of the final values over replicas).
 summation: <stem>_rel_error.png (mean relative error over replicas against n, log-log,
            one panel per series and format, one line per rounding and algorithm).
+block_quant: <stem>_sqnr.png (SQNR per format and scale rule, elements rne, one panel
+           per distribution) and <stem>_bias.png (rel_bias of the other element roundings).
 other experiments: <stem>_<metric>.png per metric (mean and range over replicas per point).
 
 Non-finite results (inf or NaN: e.g. an fp16 sum of 10^6 uniform terms overflows past
@@ -223,7 +225,65 @@ def plot_generic(result, out_dir, stem):
     return paths
 
 
-PLOTTERS = {"swamping": plot_swamping, "summation": plot_summation}
+def plot_block_quant(result, out_dir, stem):
+    """block_quant: <stem>_sqnr.png (signal-to-quantisation-noise ratio in dB, mean over
+    replicas, per format and scale rule, elements rne; one panel per distribution) and
+    <stem>_bias.png (rel_bias, mean and range over replicas, of the points with another
+    element rounding: sr with its random bits, rz). Non-finite values are reported."""
+    done = np.flatnonzero(result.done)
+    pts = result.points
+    rules = ["floor", "ceil", "even", "up", "nearest", "default"]
+    paths = []
+    for metric, name, select in (("sqnr_db", "sqnr", lambda p: pts["rounding"][p] == "rne"),
+                                 ("rel_bias", "bias", lambda p: pts["rounding"][p] != "rne")):
+        chosen = [p for p in done if select(p)]
+        if not chosen:
+            continue
+        report_nonfinite(result, metric, chosen, "left out of %s_%s.png" % (stem, name))
+        by_distribution = groups(result, "distribution")
+        panels = [(d, [p for p in ps if p in chosen]) for d, ps in by_distribution.items()]
+        panels = [(d, ps) for d, ps in panels if ps]
+        fig, axes = panel_grid(len(panels), width=6.0, height=4.5)
+        for ax, (distribution, ps) in zip(axes, panels):
+            values = result.metrics[metric]
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                finite = np.where(np.isfinite(values), values, np.nan)
+                mean = np.nanmean(finite, axis=1)
+                low, high = np.nanmin(finite, axis=1), np.nanmax(finite, axis=1)
+            if name == "sqnr":
+                formats = list(dict.fromkeys(pts["format"][p] for p in ps))
+                for k, rule in enumerate(r for r in rules if any(pts["scale_rule"][p] == r for p in ps)):
+                    xs, ys = [], []
+                    for p in ps:
+                        if pts["scale_rule"][p] == rule:
+                            xs.append(formats.index(pts["format"][p]) + 0.1 * (k - 2))
+                            ys.append(mean[p])
+                    ax.plot(xs, ys, "o", label=rule)
+                ax.set_xticks(range(len(formats)))
+                ax.set_xticklabels(formats, rotation=45, ha="right", fontsize=8)
+                ax.set_ylabel("SQNR (dB), elements rne")
+                ax.legend(fontsize=7, title="scale rule", title_fontsize=7)
+            else:
+                labels = ["%s %s %s%s" % (pts["format"][p], pts["scale_rule"][p], pts["rounding"][p],
+                                          " %d bits" % pts["sr_bits"][p] if pts["rounding"][p] == "sr" else "")
+                          for p in ps]
+                y = np.arange(len(ps))
+                m = np.array([mean[p] for p in ps])
+                ax.errorbar(m, y, xerr=[np.maximum(m - [low[p] for p in ps], 0), np.maximum([high[p] for p in ps] - m, 0)],
+                            fmt="o", capsize=2)
+                ax.axvline(0, color="0.6", lw=0.8)
+                ax.set_yticks(y)
+                ax.set_yticklabels(labels, fontsize=7)
+                ax.invert_yaxis()
+                ax.set_xlabel("rel_bias: mean sign(x)(q - x) / rms(x); < 0 toward zero")
+            ax.set_title("%s: %s" % (result.attrs.get("experiment"), distribution), fontsize=10)
+            ax.grid(alpha=0.3)
+        paths.append(save(fig, out_dir, stem, name))
+    return paths or plot_generic(result, out_dir, stem)
+
+
+PLOTTERS = {"swamping": plot_swamping, "summation": plot_summation, "block_quant": plot_block_quant}
 
 
 def main(argv):

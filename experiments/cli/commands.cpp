@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 
+#include "emu/block.hpp"
 #include "emu/unit.hpp"
 #include "expression.hpp"
 #include "number.hpp"
@@ -47,10 +48,13 @@ The roundoff calculator: rounding, arithmetic and matrix units in low-precision 
   emu eval "EXPR" --format F      evaluate + - * / ( ) with every step rounded into F
   emu dot --unit U --a .. --b ..  c + sum a_i*b_i as a matrix unit computes it
   emu gemm --unit U A.txt B.txt   a small matrix product through a matrix unit
+  emu quantize VALUE... --format B  block quantisation (OCP MX, NVFP4), per value
 emu SUBCOMMAND --help tells more.
 
-Formats: fp64 fp32 tf32 bf16 fp16 fp8-e5m2 fp8-e4m3, or eXmY (IEEE-like, X = 2..11
-exponent bits, Y = 1..52 fraction bits). Rounding: rne rna rz ru rd ro sr.
+)HELP";
+
+// After the format lists (made from emu's own tables).
+const char* const kMainHelpTail = R"HELP(Rounding: rne rna rz ru rd ro sr.
 Numbers: decimal (read exactly, rounded once), hex-float (0x1.8p-3), inf, nan.
 
 Output, one line per result. --json: one JSON object per line with "value" (a number
@@ -69,10 +73,15 @@ error in the input).
 const char* const kInfoHelp = R"HELP(usage: emu info FORMAT [--subnormals on|off] [--json]
 
 The properties of FORMAT: name, exponent_bits, fraction_bits, precision (fraction bits
-+ 1), bias, width (bits), encoding (ieee, or ocp-fn: no infinities, one NaN pattern per
-sign, as fp8-e4m3), has_inf, subnormals, emin, emax, max, min_normal, min_subnormal
-(of the encoding, also with subnormals off), unit_roundoff (2^-precision), epsilon
-(2^(1-precision)), finite_values (+0 and -0 count once), finite_encodings.
++ 1), bias, width (bits), encoding (the special values in a word: ieee; ocp-fn: no
+infinities, one NaN pattern per sign, as fp8-e4m3; fnuz: no infinities, one NaN at
+0x80, no -0; fnuz+inf: the same with +-inf, P3109 signed extended; finite: neither inf
+nor NaN, OCP fp6 and fp4; unsigned, unsigned+inf: no sign, NaN all ones, as e8m0 and
+ue4m3), has_inf, subnormals, nan (where the NaNs are: ieee, top, negative-zero, none),
+signed, has_zero (e8m0 has none), has_negative_zero, emin, emax, max, min_normal (the
+least value where there is no zero), min_subnormal (of the encoding, also with
+subnormals off), unit_roundoff (2^-precision), epsilon (2^(1-precision)),
+finite_values (+0 and -0 count once), finite_encodings.
 For people, powers of two also show as such: unit_roundoff 0.00048828125 (2^-11).
 --json prints them as one JSON object (plain numbers).
 )HELP";
@@ -160,6 +169,40 @@ roundings under the context and to the rounding of the inputs (the tensor cores'
 adder decides its own UFLO before rounding).
 JSON fields: unit, in, out, format (the output format, that of value and bits),
 rounding, value, bits, flags, input_flags.
+)HELP";
+
+const char* const kQuantizeHelp = R"HELP(usage: emu quantize [VALUE... | -] --format BLOCKFORMAT [--scale-rule R] [--rounding R]
+                    [--seed S] [--sr-bits K] [--overflow saturate|nan|inf] [--rng philox|ipu]
+                    [--tininess before|after] [--tensor-scale T] [--json]
+
+Quantises the VALUEs, in order, into consecutive blocks of a block format (the last
+block may be short, as if padded with zeros) and prints, per value, its dequantised
+value, the element (value and bits), and its block's scale (value and bits) and flags.
+Each VALUE is first rounded to the nearest double (an array holds doubles), then its
+block's scale X is chosen and x / X is rounded once into the element format.
+Block formats: mxfp8-e4m3 mxfp8-e5m2 mxfp6-e2m3 mxfp6-e3m2 mxfp4-e2m1 mxint8 (OCP MX
+v1.0: 32 elements, an E8M0 power-of-two scale) and nvfp4 (NVIDIA: 16 FP4 E2M1 elements,
+a UE4M3 scale, one fp32 scale for all the values).
+  --scale-rule  how X follows from the block's largest magnitude amax (emax: exponent
+                of the element format's largest power of two, max: its largest value):
+                floor   2^(floor(log2 amax) - emax), OCP MX v1.0 6.3 (default for MX)
+                ceil    2^(ceil(log2 amax) - emax)
+                even    2^(floor(log2 amax') - emax), amax' = amax rounded to the
+                        element's precision, ties away (torchao's EVEN)
+                up      amax / max rounded up into the scale format (NVIDIA, cuDNN)
+                nearest amax / max rounded to nearest into the scale format (default
+                        for nvfp4, whose UE4M3 scale takes only up and nearest)
+  --rounding    of the elements: rne (default) rna rz ru rd ro sr; --seed, --sr-bits,
+                --rng as for emu round (sr consumes random bits value by value)
+  --overflow    of the elements: saturate (default, as OCP MX), nan, inf (what emu round
+                gives: E5M2 inf, E4M3 NaN; FP6, FP4, INT8 saturate whatever the policy);
+                an E8M0 scale beyond 2^127 is 2^127 under saturate, else NaN
+  --tensor-scale  nvfp4 only: the fp32 tensor scale (default: amax of all values /
+                (6 * 448), rounded up to fp32)
+A block holding inf or NaN has a NaN scale: its values are NaN (INV for inf).
+JSON fields per value: input, format, rounding, scale_rule, value (dequantised), bits
+(of the element), flags (of its element's rounding), element, block (from 0), scale,
+scale_bits, block_flags (the scale's and all its elements'), tensor_scale.
 )HELP";
 
 const char* const kGemmHelp = R"HELP(usage: emu gemm --unit UNIT A.txt B.txt [C.txt] [--in FMT] [--out FMT]
@@ -300,6 +343,22 @@ std::vector<OptionSpec> with(std::vector<OptionSpec> base, std::initializer_list
 
 // ---- info -----------------------------------------------------------------------
 
+// The special values in one word, for people (the fields nan, has_inf, signed,
+// has_zero say the same one by one): ieee; ocp-fn (no inf, NaN S.1..1.1..1 per sign);
+// fnuz (no inf, one NaN at 0x80, no -0); fnuz+inf (P3109 signed extended); finite (no
+// inf, no NaN: OCP fp6, fp4); unsigned (NaN all ones), unsigned+inf (P3109 unsigned
+// extended).
+std::string encoding_family(const Format& f) {
+  const std::string inf = f.has_infinity() ? "+inf" : "";
+  switch (f.nan_encoding()) {
+    case NanEncoding::ieee: return "ieee";
+    case NanEncoding::top: return f.is_signed() ? "ocp-fn" + inf : "unsigned" + inf;
+    case NanEncoding::negative_zero: return "fnuz" + inf;
+    case NanEncoding::none: return "finite";
+  }
+  return "?";
+}
+
 int info(const std::vector<std::string>& args, Output& out) {
   const auto o = parse_options("info", args, {{"--subnormals", true}, {"--json", false}, {"--help", false}});
   if (o.positionals.size() != 1) throw UsageError("emu info: expected one FORMAT (e.g. emu info fp16)");
@@ -307,7 +366,6 @@ int info(const std::vector<std::string>& args, Output& out) {
   ParsedOptions with_format = o;
   with_format.values["FORMAT"] = o.positionals.front();
   const Format f = format_option(with_format, "FORMAT");
-  const std::string encoding = f.encoding() == Encoding::ieee ? "ieee" : "ocp-fn";
   const std::pair<const char*, std::string> fields[] = {
       {"name", json_string(f.name())},
       {"exponent_bits", std::to_string(f.exponent_bits())},
@@ -315,9 +373,13 @@ int info(const std::vector<std::string>& args, Output& out) {
       {"precision", std::to_string(f.precision())},
       {"bias", std::to_string(f.bias())},
       {"width", std::to_string(f.width())},
-      {"encoding", json_string(encoding)},
+      {"encoding", json_string(encoding_family(f))},
       {"has_inf", f.has_infinity() ? "true" : "false"},
       {"subnormals", f.subnormals() ? "true" : "false"},
+      {"nan", json_string(nan_encoding_name(f.nan_encoding()))},
+      {"signed", f.is_signed() ? "true" : "false"},
+      {"has_zero", f.has_zero() ? "true" : "false"},
+      {"has_negative_zero", f.has_negative_zero() ? "true" : "false"},
       {"emin", std::to_string(f.emin())},
       {"emax", std::to_string(f.emax())},
       {"max", json_number(f.max_finite())},
@@ -362,12 +424,12 @@ struct Input {
 
 // Standard input, one value per line; blank (or white-space-only) lines are skipped;
 // errors name the line (counting every line, blank ones too).
-void read_stdin_values(std::vector<Input>& inputs) {
+void read_stdin_values(const std::string& command, std::vector<Input>& inputs) {
   std::string all;
   char chunk[1 << 16];
   std::size_t n;
   while ((n = std::fread(chunk, 1, sizeof chunk, stdin)) > 0) all.append(chunk, n);
-  if (std::ferror(stdin)) throw UsageError("emu round: cannot read standard input");
+  if (std::ferror(stdin)) throw UsageError("emu " + command + ": cannot read standard input");
   std::size_t line_no = 0, start = 0;
   while (start < all.size()) {
     auto end = all.find('\n', start);
@@ -380,10 +442,32 @@ void read_stdin_values(std::vector<Input>& inputs) {
       Exact x = parse_number(text);
       inputs.push_back({std::move(text), x});
     } catch (const NumberError& e) {
-      throw UsageError("emu round: standard input line " + std::to_string(line_no) + ": malformed number '" + text +
-                       "': " + e.what());
+      throw UsageError("emu " + command + ": standard input line " + std::to_string(line_no) +
+                       ": malformed number '" + text + "': " + e.what());
     }
   }
+}
+
+// The VALUE... positionals of `emu round` and `emu quantize`, "-" reading standard input.
+std::vector<Input> read_values(const std::string& command, const std::vector<std::string>& positionals) {
+  std::vector<Input> inputs;
+  bool read_stdin = false;
+  for (const auto& p : positionals) {
+    if (p == "-") {
+      if (read_stdin) throw UsageError("emu " + command + ": '-' (standard input) given twice");
+      read_stdin = true;
+      read_stdin_values(command, inputs);
+      continue;
+    }
+    try {
+      inputs.push_back({p, parse_number(p)});
+    } catch (const NumberError& e) {
+      throw UsageError("emu " + command + ": malformed number '" + p + "': " + e.what());
+    }
+  }
+  if (positionals.empty())
+    throw UsageError("emu " + command + ": no values (give VALUE... or - to read standard input)");
+  return inputs;
 }
 
 int round_values(const std::vector<std::string>& args, Output& out) {
@@ -392,22 +476,7 @@ int round_values(const std::vector<std::string>& args, Output& out) {
   const Format f = format_option(o);
   Context ctx = context_from(o);
   const std::string rounding = rounding_from(o);
-  std::vector<Input> inputs;
-  bool read_stdin = false;
-  for (const auto& p : o.positionals) {
-    if (p == "-") {
-      if (read_stdin) throw UsageError("emu round: '-' (standard input) given twice");
-      read_stdin = true;
-      read_stdin_values(inputs);
-      continue;
-    }
-    try {
-      inputs.push_back({p, parse_number(p)});
-    } catch (const NumberError& e) {
-      throw UsageError("emu round: malformed number '" + p + "': " + e.what());
-    }
-  }
-  if (o.positionals.empty()) throw UsageError("emu round: no values (give VALUE... or - to read standard input)");
+  const std::vector<Input> inputs = read_values("round", o.positionals);
   const bool json = o.has("--json");
   const std::string fixed = ", \"format\": " + json_string(f.name()) + ", \"rounding\": " + json_string(rounding) + ", ";
   RaisedBy raised_by;
@@ -468,6 +537,85 @@ int eval(const std::vector<std::string>& args, Output& out) {
                ", \"raised_by\": " + raised_by_json(raised_by) + "}");
     else
       out.line(text + " = " + result_text(f, v, ctx.status()) + raised_by_text(f, raised_by));
+  }
+  return 0;
+}
+
+// ---- quantize -----------------------------------------------------------------------
+
+int quantize_values(const std::vector<std::string>& args, Output& out) {
+  const auto o = parse_options("quantize", args,
+                               with(rounding_options(), {{"--format", true}, {"--scale-rule", true}, {"--tensor-scale", true}}));
+  const auto name = o.get("--format");
+  if (!name) throw UsageError("--format is required (e.g. --format mxfp4-e2m1)");
+  const BlockFormat* f = nullptr;
+  try {
+    f = &block_format_by_name(*name);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--format: ") + e.what());
+  }
+  BlockSpec spec = default_block_spec(*f);
+  if (const auto r = o.get("--scale-rule")) {
+    try {
+      spec.rule = scale_rule_by_name(*r);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("--scale-rule: ") + e.what());
+    }
+    if (!f->accepts(spec.rule))
+      throw UsageError("--scale-rule " + *r + ": " + f->name() + "'s " + f->scale().name() +
+                       " scale is not a power of two (take up or nearest)");
+  }
+  if (const auto t = o.get("--tensor-scale")) {
+    if (!f->has_tensor_scale()) throw UsageError("--tensor-scale: " + f->name() + " has no tensor scale (nvfp4 has)");
+    double value = 0;
+    try {
+      const Exact x = parse_number(*t);
+      value = x.hi;
+      if (x.lo != 0 || x.beyond_double || !(value > 0) || !std::isfinite(value) || !fp32().representable(value))
+        throw NumberError("not a positive finite fp32 value");
+    } catch (const NumberError& e) {
+      throw UsageError("--tensor-scale: '" + *t + "': " + e.what());
+    }
+    spec.tensor_scale = value;
+  }
+  Context ctx = context_from(o);
+  if (!o.has("--overflow")) ctx.control.overflow = Overflow::saturate;  // OCP MX elements saturate
+  spec.element = ctx.spec();
+  const std::vector<Input> inputs = read_values("quantize", o.positionals);
+  std::vector<double> values;
+  for (const auto& in : inputs) values.push_back(round_nearest(fp64(), in.value));
+  const BlockQuantized q = quantize(*f, values, spec, &ctx.rng());
+
+  const bool json = o.has("--json");
+  const std::string rounding = rounding_from(o);
+  const std::string fixed = ", \"format\": " + json_string(f->name()) + ", \"rounding\": " + json_string(rounding) +
+                            ", \"scale_rule\": " + json_string(scale_rule_name(spec.rule)) + ", ";
+  const Format& element = f->element();
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const std::size_t b = q.block_of(i, *f);
+    const BlockScale& scale = q.scales[b];
+    const double value = q.value(i, *f);
+    const std::string element_bits = hex_bits(element, q.element_bits[i]);
+    const std::string scale_bits = hex_bits(f->scale(), scale.bits);
+    if (json) {
+      out.line("{\"input\": " + json_string(inputs[i].text) + fixed + "\"value\": " + json_number(value) +
+               ", \"bits\": " + json_string(element_bits) + ", \"flags\": " + flags_json(q.element_flags[i]) +
+               ", \"element\": " + json_number(q.elements[i]) + ", \"block\": " + std::to_string(b) +
+               ", \"scale\": " + json_number(scale.value) + ", \"scale_bits\": " + json_string(scale_bits) +
+               ", \"block_flags\": " + flags_json(scale.flags) + ", \"tensor_scale\": " + json_number(q.tensor_scale) +
+               "}");
+      continue;
+    }
+    if (i % static_cast<std::size_t>(f->block_size()) == 0) {
+      std::string head = "block " + std::to_string(b) + ": scale " + shortest_decimal(f->scale(), scale.value) +
+                         " bits " + scale_bits;
+      if (f->has_tensor_scale()) head += ", tensor scale " + json_number(q.tensor_scale);
+      out.line(head + ", flags " + flags_text(scale.flags) + " (" + f->name() + ", scale rule " +
+               scale_rule_name(spec.rule) + ", elements " + rounding + ")");
+    }
+    out.line("  " + inputs[i].text + " -> " + json_number(value) + " = element " +
+             shortest_decimal(element, q.elements[i]) + " bits " + element_bits + " flags " +
+             flags_text(q.element_flags[i]));
   }
   return 0;
 }
@@ -681,15 +829,43 @@ int gemm(const std::vector<std::string>& args, Output& out) {
   return 0;
 }
 
+
+// `text` broken into lines of at most 88 columns at spaces.
+std::string wrapped(const std::string& text) {
+  std::string out, line;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    auto end = text.find(' ', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string word = text.substr(start, end - start);
+    if (!line.empty() && line.size() + 1 + word.size() > 88) {
+      out += line + "\n";
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+    start = end + 1;
+  }
+  return out + line + "\n";
+}
+
+std::string main_help() {
+  std::string blocks;
+  for (const char* const* n = block_format_names(); *n != nullptr; ++n) blocks += std::string(" ") + *n;
+  return kMainHelp + wrapped("Formats: " + format_list_text() + ".") +
+         wrapped("Block formats (emu quantize):" + blocks + ".") + kMainHelpTail;
+}
+
 }  // namespace
 
 const char* help_text(const std::string& command) {
-  if (command.empty()) return kMainHelp;
+  static const std::string main_text = main_help();
+  if (command.empty()) return main_text.c_str();
   if (command == "info") return kInfoHelp;
   if (command == "round") return kRoundHelp;
   if (command == "eval") return kEvalHelp;
   if (command == "dot") return kDotHelp;
   if (command == "gemm") return kGemmHelp;
+  if (command == "quantize") return kQuantizeHelp;
   return nullptr;
 }
 
@@ -699,6 +875,7 @@ int run_command(const std::string& command, const std::vector<std::string>& args
   if (command == "eval") return eval(args, out);
   if (command == "dot") return dot(args, out);
   if (command == "gemm") return gemm(args, out);
+  if (command == "quantize") return quantize_values(args, out);
   throw UsageError("emu: unknown subcommand '" + command + "'");
 }
 

@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   std::string command;
   try {
-    if (args.empty()) throw UsageError("emu: no subcommand (known: info round eval dot gemm; see emu --help)");
+    if (args.empty()) throw UsageError("emu: no subcommand (known: info round eval dot gemm quantize; see emu --help)");
     command = args.front();
     args.erase(args.begin());
     if (command == "--help" || command == "-h" || command == "help") {
@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (help_text(command) == nullptr || command.empty())
-      throw UsageError("emu: unknown subcommand '" + command + "' (known: info round eval dot gemm; see emu --help)");
+      throw UsageError("emu: unknown subcommand '" + command + "' (known: info round eval dot gemm quantize; see emu --help)");
     for (const auto& a : args) {
       if (a == "--") break;
       if (a == "--help" || a == "-h") {

@@ -691,8 +691,66 @@ check("fp16" in err and "bf16" in err, f"unknown format lists the known ones: {e
 rc, _, err = emu("gemm", "--unit", "exact", A, BAD_B)
 check("bad_B.txt:2" in err, f"gemm names the file and line: {err!r}")
 
+# ---- formats beyond IEEE and block quantisation -------------------------------------
+[fnuz] = emu_json("info", "fp8-e4m3fnuz")
+check(fnuz["max"] == 240 and fnuz["encoding"] == "fnuz" and fnuz["nan"] == "negative-zero"
+      and fnuz["has_negative_zero"] is False and fnuz["bias"] == 8, f"info fp8-e4m3fnuz: {fnuz}")
+[e8] = emu_json("info", "e8m0")
+check(e8["has_zero"] is False and e8["signed"] is False and e8["max"] == 2.0 ** 127 and e8["min_normal"] == 2.0 ** -127,
+      f"info e8m0: {e8}")
+r = round_one("7", "fp4-e2m1")  # OCP MX FP4: no inf, no NaN: saturates at 6 under every policy
+check(r["value"] == 6 and r["bits"] == "0x7" and r["flags"] == ["OFLO", "INEXACT"], f"7 fp4-e2m1: {r}")
+r = round_one("-1", "e8m0")  # unsigned: a negative value is invalid
+check(r["value"] == "nan" and r["bits"] == "0xff" and r["flags"] == ["INV"], f"-1 e8m0: {r}")
+r = round_one("1000", "binary8p4se")  # P3109: 0x7f is +inf
+check(r["value"] == "inf" and r["bits"] == "0x7f", f"1000 binary8p4se: {r}")
+
+# mxfp8-e4m3 with OCP's rule: X = 2^(floor(log2 amax) - 8), E8M0 range 2^-127..2^127,
+# elements x / X rounded to nearest even into E4M3 and saturated at 448.
+gen = random.Random(13)
+values = [gen.gauss(0, 1) for _ in range(70)]
+values[5] = 300.0
+values[40] = -gen.uniform(0, 1) * 2 ** -130
+values[41:64] = [v * 2 ** -130 for v in values[41:64]]
+rs = emu_json("quantize", "--format", "mxfp8-e4m3", *[repr(v) for v in values])
+check(len(rs) == 70, f"quantize: one line per value ({len(rs)})")
+for i, (v, r) in enumerate(zip(values, rs)):
+    block = values[32 * (i // 32):32 * (i // 32) + 32]
+    amax = max(abs(Fraction(b)) for b in block)
+    e = amax.numerator.bit_length() - amax.denominator.bit_length()
+    if amax < Fraction(2) ** e:
+        e -= 1
+    k = min(max(e - 8, -127), 127)
+    scale = Fraction(2) ** k
+    element, flags = FP8_E4M3.round(Fraction(v) / scale)
+    if element in ("nan", "-nan"):  # saturate
+        element = FP8_E4M3.max if element == "nan" else -FP8_E4M3.max
+    want = {"element": as_json_value(element), "bits": f"0x{FP8_E4M3.bits(element):02x}",
+            "scale": float(scale), "scale_bits": f"0x{k + 127:02x}", "block": i // 32, "flags": ordered(flags),
+            "scale_rule": "floor", "format": "mxfp8-e4m3", "input": repr(v),
+            "value": as_json_value(element if element == "-0" else element * scale)}
+    got = {key: r.get(key) for key in want}
+    if got != want:
+        check(False, f"quantize value {i}: {got} != {want}")
+        break
+check(rs[0]["block_flags"] == ordered(set().union(*[set(r["flags"]) for r in rs[:32]])), "block_flags = OR of its elements")
+rs = emu_json("quantize", "--format", "nvfp4", "2688", "3")
+check(rs[0]["tensor_scale"] == 1 and rs[0]["scale"] == 448 and rs[0]["bits"] == "0x7", f"nvfp4: {rs[0]}")
+
+bad_calls = [(["quantize", "1"], None), (["quantize", "1", "--format", "fp16"], None),
+             (["quantize", "1", "--format", "nvfp4", "--scale-rule", "floor"], None),
+             (["quantize", "1", "--format", "mxfp4-e2m1", "--scale-rule", "round"], None),
+             (["quantize", "1", "--format", "mxfp4-e2m1", "--tensor-scale", "2"], None),
+             (["quantize", "1", "--format", "nvfp4", "--tensor-scale", "0.1"], None),
+             (["quantize", "1x", "--format", "mxint8"], None), (["quantize", "--format", "mxint8"], None),
+             (["quantize", "-", "--format", "mxint8"], "1\nx\n")]
+for args, stdin in bad_calls:
+    rc, out, err = emu(*args, stdin=stdin)
+    check(rc == 2 and len(err.strip().splitlines()) == 1, f"emu {args}: exit {rc}, stderr {err!r}")
+
 good_calls = [["--help"], ["round", "--help"], ["eval", "--help"], ["info", "--help"], ["dot", "--help"],
-              ["gemm", "--help"], ["info", "fp8-e5m2"], ["round", "-1.5", "--format", "e4m10"],
+              ["gemm", "--help"], ["quantize", "--help"], ["info", "fp8-e5m2"], ["round", "-1.5", "--format", "e4m10"],
+              ["quantize", "1", "-2.5", "--format", "mxfp6-e3m2", "--scale-rule", "even", "--rounding", "sr"],
               ["eval", "-(0.1) * 3", "--format", "bf16", "--rounding", "ru"],
               ["round", "0.1", "--format=fp16", "--rounding=rz"]]
 for args in good_calls:

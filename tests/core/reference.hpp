@@ -22,24 +22,96 @@ using Int = boost::multiprecision::cpp_int;
 using emu::Overflow;
 using emu::Rounding;
 
-// A binary floating-point format from its defining fields.
+// Where a format keeps its NaNs: IEEE 754 3.4 (exponent all ones, fraction non-zero);
+// the largest magnitude pattern (OCP 8-bit FP v1.0 E4M3: S.1111.111; OCP MX v1.0 E8M0:
+// 0xff; P3109 unsigned: 2^K - 1); the pattern of -0 (P3109 signed: 2^(K-1), ml_dtypes'
+// fnuz types: 0x80); none (OCP MX v1.0 FP6, FP4).
+enum class Nan { derived, ieee, largest, negative_zero, none };
+
+// A binary floating-point format from its defining fields. The first four make IEEE
+// and OCP fn formats ({5, 10}, {4, 3, true}); the rest (set by name) the others.
 struct Spec {
   int exponent_bits = 0;
   int p = 0;  // fraction bits
   bool ocp = false;  // OCP "fn": no inf; S.1111.111 is the only NaN pattern per sign
   bool subnormals = true;
+  Nan nan = Nan::derived;  // derived: largest when ocp, else ieee
+  int inf = -1;            // -1: derived (IEEE formats have inf, OCP fn not); 0 or 1
+  int bias_value = -1;     // -1: IEEE's 2^(exponent_bits - 1) - 1
+  bool is_signed = true;
+  bool zero = true;        // false: exponent field 0 is the binade 2^-bias (OCP E8M0)
 
-  int bias() const { return (1 << (exponent_bits - 1)) - 1; }
-  int emin() const { return 1 - bias(); }
-  int emax() const { return (1 << exponent_bits) - (ocp ? 1 : 2) - bias(); }
-  // The largest significand (as an integer scaled by 2^p) in the top binade: all ones,
-  // or all ones but the last where 1.11..1 is NaN.
-  std::uint64_t max_significand() const { return (std::uint64_t{2} << p) - (ocp ? 2 : 1); }
+  Nan nan_kind() const { return nan != Nan::derived ? nan : (ocp ? Nan::largest : Nan::ieee); }
+  bool has_inf() const { return inf < 0 ? !ocp : inf == 1; }
+  bool has_nan() const { return nan_kind() != Nan::none; }
+  bool has_negative_zero() const { return is_signed && zero && nan_kind() != Nan::negative_zero; }
+  int bias() const { return bias_value >= 0 ? bias_value : (1 << (exponent_bits - 1)) - 1; }
+  int emin() const { return zero ? 1 - bias() : -bias(); }
+  std::uint64_t all_ones() const { return (std::uint64_t{1} << (exponent_bits + p)) - 1; }  // magnitude bits
+  // The largest magnitude code (exponent and fraction fields) of a finite number: below
+  // the all-ones exponent (IEEE), else below the NaN and infinity codes, which take the
+  // largest magnitudes (OCP E4M3: S.1111.110 = 448; P3109 4.7.2: Inf at 2^(K-1) - 1
+  // signed, 2^K - 2 unsigned, NaN at 2^K - 1 unsigned).
+  std::uint64_t max_code() const {
+    if (nan_kind() == Nan::ieee) return all_ones() - (std::uint64_t{1} << p);
+    return all_ones() - (nan_kind() == Nan::largest ? 1 : 0) - (has_inf() ? 1 : 0);
+  }
+  int emax() const { return static_cast<int>(max_code() >> p) - bias(); }
+  // The largest significand (as an integer scaled by 2^p) in the top binade.
+  std::uint64_t max_significand() const { return (std::uint64_t{1} << p) | (max_code() & ((std::uint64_t{1} << p) - 1)); }
   double max_finite() const { return std::ldexp(static_cast<double>(max_significand()), emax() - p); }
   double min_normal() const { return std::ldexp(1.0, emin()); }
-  double min_subnormal() const { return std::ldexp(1.0, emin() - p); }
-  bool has_inf() const { return !ocp; }
+  double min_subnormal() const { return zero ? std::ldexp(1.0, emin() - p) : min_normal(); }
+  double least_value() const { return zero ? 0.0 : min_normal(); }
 };
+
+// A format beyond IEEE and OCP fn from all its fields; no zero implies no subnormals.
+inline Spec spec_of(int exponent_bits, int p, Nan nan, int inf, int bias, bool is_signed, bool zero) {
+  Spec s{exponent_bits, p};
+  s.nan = nan;
+  s.inf = inf;
+  s.bias_value = bias;
+  s.is_signed = is_signed;
+  s.zero = zero;
+  s.subnormals = zero;
+  return s;
+}
+
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
+
+// The value of bit pattern `bits`, from the definitions: (-1)^S 2^(E - bias) (1 + T/2^p),
+// or (-1)^S 2^(1 - bias) T/2^p for E = 0 where the format has a zero (IEEE 754 3.4, OCP
+// 8-bit FP v1.0 section 5, P3109 4.7.2); E8M0 (no zero): 2^(E - 127) for every E.
+// NaN patterns give NaN (with the pattern's sign bit); subnormal patterns with
+// subnormals off give signed zero (+0 without -0).
+inline double decode(const Spec& f, std::uint64_t bits) {
+  const std::uint64_t mask = (std::uint64_t{1} << f.p) - 1;
+  const bool negative = f.is_signed && ((bits >> (f.exponent_bits + f.p)) & 1);
+  const std::uint64_t code = bits & f.all_ones();
+  const std::uint64_t e = code >> f.p, t = code & mask;
+  const std::uint64_t e_ones = (std::uint64_t{1} << f.exponent_bits) - 1;
+  const double nan = negative ? -std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::quiet_NaN();
+  switch (f.nan_kind()) {
+    case Nan::ieee:
+      if (e == e_ones) return t != 0 ? nan : (negative ? -kInfinity : kInfinity);
+      break;
+    case Nan::largest:
+      if (code == f.all_ones()) return nan;
+      break;
+    case Nan::negative_zero:
+      if (negative && code == 0) return std::numeric_limits<double>::quiet_NaN();
+      break;
+    default: break;
+  }
+  if (f.has_inf() && f.nan_kind() != Nan::ieee && code == f.max_code() + 1) return negative ? -kInfinity : kInfinity;
+  double magnitude;
+  if (e == 0 && f.zero)
+    magnitude = f.subnormals ? std::ldexp(static_cast<double>(t), f.emin() - f.p) : 0.0;
+  else
+    magnitude = std::ldexp(static_cast<double>((std::uint64_t{1} << f.p) | t), static_cast<int>(e) - f.bias() - f.p);
+  if (magnitude == 0 && !f.has_negative_zero()) return 0.0;
+  return negative ? -magnitude : magnitude;
+}
 
 // An exact real number: (-1)^negative * num / den, or its square root when `root`.
 struct Real {
@@ -195,10 +267,12 @@ inline Result round(const Real& x, const Spec& f, Rounding mode, Overflow overfl
   const bool overflows = d >= 0 ? (m << d) > max_m : m > (max_m << -d);
   if (overflows) {
     const double max = neg ? -f.max_finite() : f.max_finite();
-    // Without inf (OCP E4M3) the value inf would take is the NaN of the same sign:
-    // S.1111.111 exists for both signs.
+    // Without inf (OCP E4M3, fnuz) the value inf would take is the NaN (OCP: of the
+    // same sign, S.1111.111 exists for both).
     const double inf = f.has_inf() ? (neg ? -kInf : kInf) : (neg ? -kNaN : kNaN);
     const emu::Flags flags = emu::OFLO | emu::INEXACT;
+    // No NaN (OCP MX FP6, FP4): nothing lies past max (the MX spec clamps).
+    if (!f.has_nan()) return {max, flags};
     switch (overflow) {
       case Overflow::saturate: return {max, flags};
       case Overflow::nan: return {kNaN, flags | emu::INV};  // emu/status.hpp: the positive NaN
@@ -218,6 +292,35 @@ inline Result round(const Real& x, const Spec& f, Rounding mode, Overflow overfl
   if (!s.exact) flags |= tiny ? (emu::INEXACT | emu::UFLO) : emu::INEXACT;
   const double magnitude = std::ldexp(m.convert_to<double>(), q);  // m < 2^54: exact
   return {neg ? -magnitude : magnitude, flags, s.half_cmp == 0};
+}
+
+// The rules of emu/round.hpp for formats beyond IEEE, applied to the result `r` (with
+// its flags) of rounding as if the format were signed with zero and -0 (what round()
+// above does): no -0 gives +0; unsigned formats make a negative non-zero result invalid
+// (INV alone; NaN, or the least value under saturate and without NaN); no zero makes a
+// zero result the least value 2^-bias with UFLO and INEXACT.
+inline Result adapt(const Spec& f, Result r, Overflow overflow) {
+  if (f.has_negative_zero()) return r;
+  if (!f.is_signed && std::signbit(r.value) && r.value != 0) {
+    const bool least = overflow == Overflow::saturate || !f.has_nan();
+    return {least ? f.least_value() : kNaN, emu::INV, r.tie};
+  }
+  if (r.value == 0) {
+    if (f.zero) return {0.0, r.flags, r.tie};
+    return {f.is_signed ? std::copysign(f.min_normal(), r.value) : f.min_normal(),
+            static_cast<emu::Flags>(r.flags | emu::UFLO | emu::INEXACT), r.tie};
+  }
+  return r;
+}
+
+// An exact zero result of an operation (IEEE 754 6.3's sign in `zero`) in the format.
+inline Result zero_result(const Spec& f, double zero, Overflow overflow) { return adapt(f, {zero, 0}, overflow); }
+
+// round() with the rules for formats beyond IEEE.
+inline Result round_in(const Real& x, const Spec& f, Rounding mode, Overflow overflow,
+                       Tininess tininess = Tininess::before) {
+  if (x.num == 0) return zero_result(f, x.negative ? -0.0 : 0.0, overflow);
+  return adapt(f, round(x, f, mode, overflow, tininess), overflow);
 }
 
 // A random value of the format's grid, with the exponent drawn from [lo, hi] (values past

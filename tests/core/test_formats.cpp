@@ -18,7 +18,7 @@ bool is_nan_pattern(const emu::Format& f, std::uint64_t bits) {
   const std::uint64_t exponent = (bits >> f.fraction_bits()) & ((std::uint64_t{1} << f.exponent_bits()) - 1);
   const std::uint64_t fraction = bits & ((std::uint64_t{1} << f.fraction_bits()) - 1);
   const bool top = exponent == (std::uint64_t{1} << f.exponent_bits()) - 1;
-  if (f.encoding() == emu::Encoding::ocp_fn) return top && fraction == (std::uint64_t{1} << f.fraction_bits()) - 1;
+  if (f.nan_encoding() == emu::NanEncoding::top) return top && fraction == (std::uint64_t{1} << f.fraction_bits()) - 1;
   return top && fraction != 0;
 }
 
