@@ -6,6 +6,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -322,6 +323,10 @@ class AmpRun {
 // Builds without AVX2, FMA and F16C take the exact path.
 namespace fast {
 
+// The element that gemm element (i, j) stands for in the caller's operation (amp_conv2d:
+// [n, o, y, x]), as counts name it; empty: (i, j) itself.
+using ElementNames = std::function<Element(std::size_t i, std::size_t j)>;
+
 #if EMU_SIMD
 
 using simd::every_lane;
@@ -420,7 +425,9 @@ class ElementOrderCounts {
     scratch.clear_counts();
   }
 
-  void commit(Context& ctx) {
+  // Adds the counts to ctx in the order of their least elements; `names` (for a gemm of
+  // n columns) renames each count's first element.
+  void commit(Context& ctx, const ElementNames& names, std::size_t n) {
     std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) {
       if (a.first.first_element.flat != b.first.first_element.flat)
         return a.first.first_element.flat < b.first.first_element.flat;
@@ -428,6 +435,10 @@ class ElementOrderCounts {
     });
     for (Entry& e : entries_) {
       e.first.count = e.elements;
+      if (names) {
+        const auto flat = static_cast<std::size_t>(e.first.first_element.flat);
+        e.first.first_element = names(flat / n, flat % n);
+      }
       ctx.add_count(e.first);
     }
     entries_.clear();
@@ -455,8 +466,8 @@ Context scratch_context(const Context& ctx) {
 
 class Gemm {
  public:
-  Gemm(Context& ctx, const AmpConfig& cfg, std::size_t m, std::size_t n, std::size_t k)
-      : cfg_(cfg), ctx_(ctx),
+  Gemm(Context& ctx, const AmpConfig& cfg, std::size_t m, std::size_t n, std::size_t k, ElementNames names = {})
+      : cfg_(cfg), ctx_(ctx), names_(std::move(names)),
         scratch_(ctx.control.counted != 0 ? std::optional<Context>(scratch_context(ctx)) : std::nullopt),
         counts_(ctx.control.counted != 0 ? m * n : 0), run_(scratch_ ? *scratch_ : ctx, cfg), m_(m), n_(n), k_(k),
         phases_((k + kPhase - 1) / kPhase),
@@ -490,7 +501,7 @@ class Gemm {
     if (inexact_) run_.note_inexact();
     run_.flush_inexact();
     if (scratch_) {  // the scratch's flags and counts into the caller's context
-      counts_.commit(ctx_);
+      counts_.commit(ctx_, names_, n_);
       if (const Flags rest = scratch_->status() & ~ctx_.control.counted) ctx_.raise_flags(rest, "amp", {});
     }
     return true;
@@ -723,6 +734,7 @@ class Gemm {
 
   const AmpConfig& cfg_;
   Context& ctx_;
+  ElementNames names_;
   std::optional<Context> scratch_;  // where AmpRun runs when the caller counts (step 5)
   ElementOrderCounts counts_;
   AmpRun run_;
@@ -749,14 +761,14 @@ bool applies(const Context& ctx, const AmpConfig& cfg) {
 
 // C = A B + C through the fast path; false, with nothing done, where it does not apply.
 bool gemm(Context& ctx, const AmpConfig& cfg, std::size_t m, std::size_t n, std::size_t k, const double* A,
-          std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) {
+          std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc, ElementNames names = {}) {
   if (m == 0 || n == 0 || k == 0 || !applies(ctx, cfg)) return false;
-  return Gemm(ctx, cfg, m, n, k).run(A, lda, B, ldb, C, ldc);
+  return Gemm(ctx, cfg, m, n, k, std::move(names)).run(A, lda, B, ldb, C, ldc);
 }
 #else
 bool applies(const Context&, const AmpConfig&) { return false; }
 bool gemm(Context&, const AmpConfig&, std::size_t, std::size_t, std::size_t, const double*, std::size_t,
-          const double*, std::size_t, double*, std::size_t) {
+          const double*, std::size_t, double*, std::size_t, ElementNames = {}) {
   return false;
 }
 #endif
@@ -895,31 +907,72 @@ std::vector<double> amp_conv2d(Context& ctx, const AmpConfig& cfg, const Conv2dS
               weights[((o * s.in_channels + c) * s.kernel_height + ky) * s.kernel_width + kx];
 
   std::vector<double> out(s.output_size());
+  // The reduction row of output position (n, y, x): the input values in the order r,
+  // zeros in the padding and the padded channels.
+  auto fill_patch = [&](std::size_t n, std::size_t y, std::size_t x, double* patch) {
+    std::fill(patch, patch + k, 0.0);
+    for (std::size_t c = 0; c < s.in_channels; ++c)
+      for (std::size_t ky = 0; ky < s.kernel_height; ++ky) {
+        const std::size_t row = y * s.stride_h + ky;  // in the padded input
+        if (row < s.pad_h || row >= s.pad_h + s.height) continue;
+        for (std::size_t kx = 0; kx < s.kernel_width; ++kx) {
+          const std::size_t col = x * s.stride_w + kx;
+          if (col < s.pad_w || col >= s.pad_w + s.width) continue;
+          patch[position(c, ky, kx)] =
+              input[((n * s.in_channels + c) * s.height + (row - s.pad_h)) * s.width + (col - s.pad_w)];
+        }
+      }
+  };
+  auto element = [&](std::size_t n, std::size_t o, std::size_t y, std::size_t x) {
+    Element e;
+    e.flat = static_cast<std::int64_t>(((n * s.out_channels + o) * oh + y) * ow + x);
+    e.rank = 4;
+    e.index = {static_cast<std::int64_t>(n), static_cast<std::int64_t>(o), static_cast<std::int64_t>(y),
+               static_cast<std::int64_t>(x)};
+    return e;
+  };
+  // Image n output by output, in the order n, y, x, then o.
   std::vector<double> patch(k);
   AmpRun run(ctx, cfg);
-  for (std::size_t n = 0; n < s.batch; ++n)
+  auto by_dot = [&](std::size_t n) {
     for (std::size_t y = 0; y < oh; ++y)
       for (std::size_t x = 0; x < ow; ++x) {
-        std::fill(patch.begin(), patch.end(), 0.0);
-        for (std::size_t c = 0; c < s.in_channels; ++c)
-          for (std::size_t ky = 0; ky < s.kernel_height; ++ky) {
-            const std::size_t row = y * s.stride_h + ky;  // in the padded input
-            if (row < s.pad_h || row >= s.pad_h + s.height) continue;
-            for (std::size_t kx = 0; kx < s.kernel_width; ++kx) {
-              const std::size_t col = x * s.stride_w + kx;
-              if (col < s.pad_w || col >= s.pad_w + s.width) continue;
-              patch[position(c, ky, kx)] =
-                  input[((n * s.in_channels + c) * s.height + (row - s.pad_h)) * s.width + (col - s.pad_w)];
-            }
-          }
+        fill_patch(n, y, x, patch.data());
         for (std::size_t o = 0; o < s.out_channels; ++o) {
-          const std::size_t at = ((n * s.out_channels + o) * oh + y) * ow + x;
-          const ElementGuard element(ctx, static_cast<std::int64_t>(at),
-                                     {static_cast<std::int64_t>(n), static_cast<std::int64_t>(o),
-                                      static_cast<std::int64_t>(y), static_cast<std::int64_t>(x)});
+          const Element e = element(n, o, y, x);
+          const auto at = static_cast<std::size_t>(e.flat);
+          const ElementGuard guard(ctx, e.flat, {e.index[0], e.index[1], e.index[2], e.index[3]});
           out[at] = run.dot(k, patch.data(), 1, w.data() + o * k, 1, partials_in.empty() ? 0.0 : partials_in[at]);
         }
       }
+  };
+  if (!fast::applies(ctx, cfg)) {
+    for (std::size_t n = 0; n < s.batch; ++n) by_dot(n);
+    return out;
+  }
+  // The vectorised path, image by image: the im2col problem (row (y, x) the patch, column
+  // o the weights w[o], C the partials) through the AMP gemm, which computes its elements
+  // in this same order; its counts name the convolution's elements. An image whose
+  // values the gemm does not take goes through by_dot.
+  const std::size_t positions = oh * ow, channels = s.out_channels;
+  std::vector<double> w_columns(k * channels), patches(positions * k), c(positions * channels);
+  for (std::size_t o = 0; o < channels; ++o)
+    for (std::size_t r = 0; r < k; ++r) w_columns[r * channels + o] = w[o * k + r];
+  for (std::size_t n = 0; n < s.batch; ++n) {
+    for (std::size_t q = 0; q < positions; ++q) {
+      fill_patch(n, q / ow, q % ow, patches.data() + q * k);
+      for (std::size_t o = 0; o < channels; ++o)
+        c[q * channels + o] = partials_in.empty() ? 0.0 : partials_in[(n * channels + o) * positions + q];
+    }
+    const auto names = [&, n](std::size_t q, std::size_t o) { return element(n, o, q / ow, q % ow); };
+    if (!fast::gemm(ctx, cfg, positions, channels, k, patches.data(), k, w_columns.data(), channels, c.data(),
+                    channels, names)) {
+      by_dot(n);
+      continue;
+    }
+    for (std::size_t o = 0; o < channels; ++o)
+      for (std::size_t q = 0; q < positions; ++q) out[(n * channels + o) * positions + q] = c[q * channels + o];
+  }
   return out;
 }
 
