@@ -332,6 +332,7 @@ using ElementNames = std::function<Element(std::size_t i, std::size_t j)>;
 using simd::every_lane;
 using simd::host_rounds_to_nearest;
 using simd::magnitude;
+using simd::fp16_values;
 using simd::to_fp16;
 
 constexpr std::size_t kLanes = 4;
@@ -351,14 +352,6 @@ __m128 normal_or_zero(__m128 x, float min_normal, float max_finite) {
 }
 
 bool is_fp32_value_or_special(double x) { return !std::isfinite(x) || static_cast<double>(static_cast<float>(x)) == x; }
-
-// All-ones lanes where x is a finite fp16 value: the round trip through fp16 (F16C)
-// gives back exactly the fp16 values, and inf only where |x| > 65504.
-__m256d fp16_values(__m256d x) {
-  const __m256d back = _mm256_cvtps_pd(to_fp16(_mm256_cvtpd_ps(x)));
-  return _mm256_and_pd(_mm256_cmp_pd(back, x, _CMP_EQ_OQ),
-                       _mm256_cmp_pd(magnitude(x), _mm256_set1_pd(65504.0), _CMP_LE_OQ));
-}
 
 // 2^(lowest set bit of x + 26) for non-zero x; for zero 2^(kMaxLowestBit + 26), which
 // also clamps the result. The lowest set bit's value is |x| minus |x| with that bit

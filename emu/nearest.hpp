@@ -33,6 +33,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 #include "arith.hpp"
@@ -52,6 +53,11 @@ class NearestOps {
   Flags flags() const { return flags_; }
   // Raises them into ctx's status (under applies(): neither counted nor trapped).
   void commit(Context& ctx);
+
+  // The first index i in [from, n) where v[i] is not a finite value of f (n if none):
+  // the values a conversion into f leaves as they are, with nothing raised. Vectorised
+  // for fp16 and fp32; for other formats it returns `from` (the caller converts).
+  static std::size_t first_not_value(const Format& f, const double* v, std::size_t from, std::size_t n);
 
   // Each operation sets r to Context's result and returns true, or returns false
   // (nothing raised, r unspecified) where Context must compute it.

@@ -172,9 +172,13 @@ void with_ops(const Emulated& e, const Body& body) {
 void convert_all(emu::Context& ctx, std::size_t first_sample, const emu::Format& f, std::vector<double>& v,
                  const Shape* s = nullptr, bool no_elements = false) {
   with_ops(ctx, first_sample, [&](auto& ops) {
-    for (std::size_t i = 0; i < v.size(); ++i) {
-      // FastOps: a value of f comes back as it is, with nothing raised.
-      if (!std::remove_reference_t<decltype(ops)>::kFast && finite_value_of(f, v[i])) continue;
+    constexpr bool fast = std::remove_reference_t<decltype(ops)>::kFast;
+    // FastOps skip the values of f by whole vectors where they can, and give back the
+    // others of them as they are, with nothing raised.
+    const std::size_t n = v.size();
+    for (std::size_t i = fast ? emu::NearestOps::first_not_value(f, v.data(), 0, n) : 0; i < n;
+         i = fast ? emu::NearestOps::first_not_value(f, v.data(), i + 1, n) : i + 1) {
+      if (!fast && finite_value_of(f, v[i])) continue;
       if (no_elements) {
       } else if (s) {
         ops.element(*s, i);
@@ -320,7 +324,7 @@ Tensor conv2d(Emulated& e, const Tensor& x, const std::vector<double>& w, const 
         for (std::size_t q = 0; q < positions; ++q) y.v[(n * o_count + o) * positions + q] = out_n[q * o_count + o];
     });
   }
-  if (!(unit_out == out)) y.v = converted(e, out, y.v, &ys);
+  if (!(unit_out == out)) convert_all(e.ctx, e.first_sample, out, y.v, &ys);
   return y;
 }
 
@@ -365,15 +369,15 @@ std::vector<double> conv2d_grad_weights(Emulated& e, const Tensor& x, const Tens
   // the blocks are fixed, so the results do not depend on the threads).
   constexpr std::size_t kGradientRows = 16;
   const emu::Format& in = e.unit.input_format();
-  patches_t = converted(e, in, patches_t);
-  dy_rows = converted(e, in, dy_rows);
+  convert_all(e.ctx, e.first_sample, in, patches_t);
+  convert_all(e.ctx, e.first_sample, in, dy_rows);
   std::vector<double> dw_t(kd * o_count, 0.0);
   for_each_item(e.ctx, (kd + kGradientRows - 1) / kGradientRows, [&](std::size_t block, emu::Context& c) {
     const std::size_t first = block * kGradientRows, rows = std::min(kGradientRows, kd - first);
     e.unit.gemm(c, rows, o_count, m, patches_t.data() + first * m, m, dy_rows.data(), o_count,
                 dw_t.data() + first * o_count, o_count);
   });
-  if (!(e.unit.output_format() == e.formats.grad)) dw_t = converted(e, e.formats.grad, dw_t);
+  if (!(e.unit.output_format() == e.formats.grad)) convert_all(e.ctx, e.first_sample, e.formats.grad, dw_t);
   return transpose(dw_t, kd, o_count);
 }
 
