@@ -320,6 +320,11 @@ class AmpRun {
 //     this way (the kernel raises INEXACT once per call, without an element): counting
 //     either of them takes the exact path; OFLO, DIV0 and INV only ever come from the
 //     exact model, so counting them keeps the vectorised path.
+//  6. A phase whose four values of A are zeros (padded input channels, zero padding,
+//     the zeros a dilated gradient holds) adds four zero products: for a running value
+//     that is finite, non-zero and a value of the partials format, R + (+-0) = R exactly
+//     and its roundings leave it, so the kernel skips the phase. (A zero R could change
+//     sign; a NaN would come back as the model's canonical NaN: those lanes compute.)
 // Builds without AVX2, FMA and F16C take the exact path.
 namespace fast {
 
@@ -342,6 +347,7 @@ constexpr std::size_t kPhase = 4;                 // products per phase (the ker
 constexpr std::size_t kPanelRows = kPhase + 2;    // a phase's B rows, then sum |b| and 2^(LB+26)
 constexpr std::size_t kChunkPhases = 16;          // phases per chunk: 12 KiB of panel
 constexpr int kMaxLowestBit = 37;                 // also the bound of an all-zero group
+constexpr double kFloatMax = 0x1.fffffep127;
 
 // Zero, or normal and finite in the format whose limits are given.
 __m128 normal_or_zero(__m128 x, float min_normal, float max_finite) {
@@ -618,6 +624,19 @@ class Gemm {
     return result;
   }
 
+  // Whether a phase whose four a values are zeros leaves every lane as it is (step 6).
+  template <bool kHalfPartials>
+  static bool zero_phase_keeps(const __m256d* running) {
+    __m256d keeps = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
+    for (std::size_t v = 0; v < kVectors; ++v) {
+      const __m256d m = magnitude(running[v]);
+      keeps = _mm256_and_pd(keeps, _mm256_and_pd(_mm256_cmp_pd(m, _mm256_setzero_pd(), _CMP_GT_OQ),
+                                                 _mm256_cmp_pd(m, _mm256_set1_pd(kFloatMax), _CMP_LE_OQ)));
+      if constexpr (kHalfPartials) keeps = _mm256_and_pd(keeps, fp16_values(running[v]));
+    }
+    return every_lane(keeps);
+  }
+
   // Phases [p, end) (within one chunk) of row i over one tile, without calls so that
   // the running values stay in registers. Returns `end`, or the first phase where a
   // lane failed a check, with `lanes` as before that phase and the phase's kernel
@@ -633,6 +652,7 @@ class Gemm {
     for (std::size_t v = 0; v < kVectors; ++v) running[v] = _mm256_load_pd(lanes + v * kLanes);
     for (; p < end; ++p, ++row, panel += kPanelRows * kTile) {
       const RowPhase& r = *row;
+      if (r.max_abs == 0 && zero_phase_keeps<kHalfPartials>(running)) continue;  // step 6 above
       const TilePhase& t = tile_bounds[p];
       // Conditions (a) to (c) of the comment above, as bounds on |c|.
       const bool products_fit = r.max_abs * t.max_sum_ratio <= 0.5 * r.bound;
@@ -901,20 +921,30 @@ std::vector<double> amp_conv2d(Context& ctx, const AmpConfig& cfg, const Conv2dS
 
   std::vector<double> out(s.output_size());
   // The reduction row of output position (n, y, x): the input values in the order r,
-  // zeros in the padding and the padded channels.
+  // zeros in the padding and the padded channels. Image n is first laid out as rows x
+  // columns x channels with its zero padding and padded channels (`padded`, for
+  // `padded_image`), so that each (group, ky, kx) of a row is one contiguous copy.
+  const std::size_t padded_rows = s.height + 2 * s.pad_h, padded_cols = s.width + 2 * s.pad_w;
+  const std::size_t padded_channels = groups * per_pass;
+  std::vector<double> padded(padded_rows * padded_cols * padded_channels);
+  std::size_t padded_image = s.batch;  // none yet
   auto fill_patch = [&](std::size_t n, std::size_t y, std::size_t x, double* patch) {
-    std::fill(patch, patch + k, 0.0);
-    for (std::size_t c = 0; c < s.in_channels; ++c)
-      for (std::size_t ky = 0; ky < s.kernel_height; ++ky) {
-        const std::size_t row = y * s.stride_h + ky;  // in the padded input
-        if (row < s.pad_h || row >= s.pad_h + s.height) continue;
+    if (padded_image != n) {
+      std::fill(padded.begin(), padded.end(), 0.0);
+      for (std::size_t c = 0; c < s.in_channels; ++c)
+        for (std::size_t row = 0; row < s.height; ++row)
+          for (std::size_t col = 0; col < s.width; ++col)
+            padded[((row + s.pad_h) * padded_cols + col + s.pad_w) * padded_channels + c] =
+                input[((n * s.in_channels + c) * s.height + row) * s.width + col];
+      padded_image = n;
+    }
+    for (std::size_t g = 0; g < groups; ++g)
+      for (std::size_t ky = 0; ky < s.kernel_height; ++ky)
         for (std::size_t kx = 0; kx < s.kernel_width; ++kx) {
-          const std::size_t col = x * s.stride_w + kx;
-          if (col < s.pad_w || col >= s.pad_w + s.width) continue;
-          patch[position(c, ky, kx)] =
-              input[((n * s.in_channels + c) * s.height + (row - s.pad_h)) * s.width + (col - s.pad_w)];
+          const double* from =
+              padded.data() + ((y * s.stride_h + ky) * padded_cols + x * s.stride_w + kx) * padded_channels + g * per_pass;
+          std::copy(from, from + per_pass, patch + ((g * s.kernel_height + ky) * s.kernel_width + kx) * per_pass);
         }
-      }
   };
   auto element = [&](std::size_t n, std::size_t o, std::size_t y, std::size_t x) {
     Element e;
