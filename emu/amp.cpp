@@ -753,9 +753,20 @@ class Gemm {
   AmpRun run_;
   std::size_t m_, n_, k_, phases_, tiles_;
   std::size_t chunk_;  // phases per chunk: whole passes, at least kChunkPhases
-  std::vector<RowPhase> rows_;
-  std::vector<double> panels_;
-  std::vector<TilePhase> tile_bounds_;
+  // The packed operands, in buffers kept per thread: a training step runs thousands of
+  // gemms of the same shapes, and fresh allocations of megabytes cost page faults.
+  struct Buffers {
+    std::vector<RowPhase> rows;
+    std::vector<double> panels;
+    std::vector<TilePhase> tile_bounds;
+  };
+  static Buffers& buffers() {
+    static thread_local Buffers b;
+    return b;
+  }
+  std::vector<RowPhase>& rows_ = buffers().rows;
+  std::vector<double>& panels_ = buffers().panels;
+  std::vector<TilePhase>& tile_bounds_ = buffers().tile_bounds;
   bool inexact_ = false;
   // The kernel's results and checks (zero: failed) for the phase it stopped at.
   alignas(32) double failed_next_[kTile];

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 
 #include "emu/nearest.hpp"
 
@@ -365,15 +366,21 @@ std::vector<double> conv2d_grad_weights(Emulated& e, const Tensor& x, const Tens
       for (std::size_t q = 0; q < positions; ++q)
         dy_rows[(n * positions + q) * o_count + o] = dy.v[(n * o_count + o) * positions + q];
   }
-  // In row blocks of kGradientRows, each one gemm through the unit (rows are independent;
-  // the blocks are fixed, so the results do not depend on the threads).
+  // In row blocks, each one gemm through the unit (rows are independent). Where counts or
+  // traps can show the elements the unit reports (relative to its gemm), the blocks are
+  // of kGradientRows rows, whatever the threads; otherwise one block per thread, since
+  // every element and the set of flags are the same however the rows are cut, and each
+  // gemm packs all of dy.
   constexpr std::size_t kGradientRows = 16;
+  const bool elements_show = e.ctx.control.counted != 0 || e.ctx.control.traps != 0;
+  const auto threads = static_cast<std::size_t>(std::max(1, tbb::this_task_arena::max_concurrency()));
+  const std::size_t block_rows = elements_show ? kGradientRows : (kd + threads - 1) / threads;
   const emu::Format& in = e.unit.input_format();
   convert_all(e.ctx, e.first_sample, in, patches_t);
   convert_all(e.ctx, e.first_sample, in, dy_rows);
   std::vector<double> dw_t(kd * o_count, 0.0);
-  for_each_item(e.ctx, (kd + kGradientRows - 1) / kGradientRows, [&](std::size_t block, emu::Context& c) {
-    const std::size_t first = block * kGradientRows, rows = std::min(kGradientRows, kd - first);
+  for_each_item(e.ctx, (kd + block_rows - 1) / block_rows, [&](std::size_t block, emu::Context& c) {
+    const std::size_t first = block * block_rows, rows = std::min(block_rows, kd - first);
     e.unit.gemm(c, rows, o_count, m, patches_t.data() + first * m, m, dy_rows.data(), o_count,
                 dw_t.data() + first * o_count, o_count);
   });
