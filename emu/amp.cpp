@@ -6,6 +6,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -319,14 +320,24 @@ class AmpRun {
 //     this way (the kernel raises INEXACT once per call, without an element): counting
 //     either of them takes the exact path; OFLO, DIV0 and INV only ever come from the
 //     exact model, so counting them keeps the vectorised path.
+//  6. A phase whose four values of A are zeros (padded input channels, zero padding,
+//     the zeros a dilated gradient holds) adds four zero products: for a running value
+//     that is finite, non-zero and a value of the partials format, R + (+-0) = R exactly
+//     and its roundings leave it, so the kernel skips the phase. (A zero R could change
+//     sign; a NaN would come back as the model's canonical NaN: those lanes compute.)
 // Builds without AVX2, FMA and F16C take the exact path.
 namespace fast {
+
+// The element that gemm element (i, j) stands for in the caller's operation (amp_conv2d:
+// [n, o, y, x]), as counts name it; empty: (i, j) itself.
+using ElementNames = std::function<Element(std::size_t i, std::size_t j)>;
 
 #if EMU_SIMD
 
 using simd::every_lane;
 using simd::host_rounds_to_nearest;
 using simd::magnitude;
+using simd::fp16_values;
 using simd::to_fp16;
 
 constexpr std::size_t kLanes = 4;
@@ -336,6 +347,7 @@ constexpr std::size_t kPhase = 4;                 // products per phase (the ker
 constexpr std::size_t kPanelRows = kPhase + 2;    // a phase's B rows, then sum |b| and 2^(LB+26)
 constexpr std::size_t kChunkPhases = 16;          // phases per chunk: 12 KiB of panel
 constexpr int kMaxLowestBit = 37;                 // also the bound of an all-zero group
+constexpr double kFloatMax = 0x1.fffffep127;
 
 // Zero, or normal and finite in the format whose limits are given.
 __m128 normal_or_zero(__m128 x, float min_normal, float max_finite) {
@@ -346,14 +358,6 @@ __m128 normal_or_zero(__m128 x, float min_normal, float max_finite) {
 }
 
 bool is_fp32_value_or_special(double x) { return !std::isfinite(x) || static_cast<double>(static_cast<float>(x)) == x; }
-
-// All-ones lanes where x is a finite fp16 value: the round trip through fp16 (F16C)
-// gives back exactly the fp16 values, and inf only where |x| > 65504.
-__m256d fp16_values(__m256d x) {
-  const __m256d back = _mm256_cvtps_pd(to_fp16(_mm256_cvtpd_ps(x)));
-  return _mm256_and_pd(_mm256_cmp_pd(back, x, _CMP_EQ_OQ),
-                       _mm256_cmp_pd(magnitude(x), _mm256_set1_pd(65504.0), _CMP_LE_OQ));
-}
 
 // 2^(lowest set bit of x + 26) for non-zero x; for zero 2^(kMaxLowestBit + 26), which
 // also clamps the result. The lowest set bit's value is |x| minus |x| with that bit
@@ -420,7 +424,9 @@ class ElementOrderCounts {
     scratch.clear_counts();
   }
 
-  void commit(Context& ctx) {
+  // Adds the counts to ctx in the order of their least elements; `names` (for a gemm of
+  // n columns) renames each count's first element.
+  void commit(Context& ctx, const ElementNames& names, std::size_t n) {
     std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) {
       if (a.first.first_element.flat != b.first.first_element.flat)
         return a.first.first_element.flat < b.first.first_element.flat;
@@ -428,6 +434,10 @@ class ElementOrderCounts {
     });
     for (Entry& e : entries_) {
       e.first.count = e.elements;
+      if (names) {
+        const auto flat = static_cast<std::size_t>(e.first.first_element.flat);
+        e.first.first_element = names(flat / n, flat % n);
+      }
       ctx.add_count(e.first);
     }
     entries_.clear();
@@ -455,8 +465,8 @@ Context scratch_context(const Context& ctx) {
 
 class Gemm {
  public:
-  Gemm(Context& ctx, const AmpConfig& cfg, std::size_t m, std::size_t n, std::size_t k)
-      : cfg_(cfg), ctx_(ctx),
+  Gemm(Context& ctx, const AmpConfig& cfg, std::size_t m, std::size_t n, std::size_t k, ElementNames names = {})
+      : cfg_(cfg), ctx_(ctx), names_(std::move(names)),
         scratch_(ctx.control.counted != 0 ? std::optional<Context>(scratch_context(ctx)) : std::nullopt),
         counts_(ctx.control.counted != 0 ? m * n : 0), run_(scratch_ ? *scratch_ : ctx, cfg), m_(m), n_(n), k_(k),
         phases_((k + kPhase - 1) / kPhase),
@@ -490,7 +500,7 @@ class Gemm {
     if (inexact_) run_.note_inexact();
     run_.flush_inexact();
     if (scratch_) {  // the scratch's flags and counts into the caller's context
-      counts_.commit(ctx_);
+      counts_.commit(ctx_, names_, n_);
       if (const Flags rest = scratch_->status() & ~ctx_.control.counted) ctx_.raise_flags(rest, "amp", {});
     }
     return true;
@@ -614,6 +624,19 @@ class Gemm {
     return result;
   }
 
+  // Whether a phase whose four a values are zeros leaves every lane as it is (step 6).
+  template <bool kHalfPartials>
+  static bool zero_phase_keeps(const __m256d* running) {
+    __m256d keeps = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
+    for (std::size_t v = 0; v < kVectors; ++v) {
+      const __m256d m = magnitude(running[v]);
+      keeps = _mm256_and_pd(keeps, _mm256_and_pd(_mm256_cmp_pd(m, _mm256_setzero_pd(), _CMP_GT_OQ),
+                                                 _mm256_cmp_pd(m, _mm256_set1_pd(kFloatMax), _CMP_LE_OQ)));
+      if constexpr (kHalfPartials) keeps = _mm256_and_pd(keeps, fp16_values(running[v]));
+    }
+    return every_lane(keeps);
+  }
+
   // Phases [p, end) (within one chunk) of row i over one tile, without calls so that
   // the running values stay in registers. Returns `end`, or the first phase where a
   // lane failed a check, with `lanes` as before that phase and the phase's kernel
@@ -629,6 +652,7 @@ class Gemm {
     for (std::size_t v = 0; v < kVectors; ++v) running[v] = _mm256_load_pd(lanes + v * kLanes);
     for (; p < end; ++p, ++row, panel += kPanelRows * kTile) {
       const RowPhase& r = *row;
+      if (r.max_abs == 0 && zero_phase_keeps<kHalfPartials>(running)) continue;  // step 6 above
       const TilePhase& t = tile_bounds[p];
       // Conditions (a) to (c) of the comment above, as bounds on |c|.
       const bool products_fit = r.max_abs * t.max_sum_ratio <= 0.5 * r.bound;
@@ -723,14 +747,26 @@ class Gemm {
 
   const AmpConfig& cfg_;
   Context& ctx_;
+  ElementNames names_;
   std::optional<Context> scratch_;  // where AmpRun runs when the caller counts (step 5)
   ElementOrderCounts counts_;
   AmpRun run_;
   std::size_t m_, n_, k_, phases_, tiles_;
   std::size_t chunk_;  // phases per chunk: whole passes, at least kChunkPhases
-  std::vector<RowPhase> rows_;
-  std::vector<double> panels_;
-  std::vector<TilePhase> tile_bounds_;
+  // The packed operands, in buffers kept per thread: a training step runs thousands of
+  // gemms of the same shapes, and fresh allocations of megabytes cost page faults.
+  struct Buffers {
+    std::vector<RowPhase> rows;
+    std::vector<double> panels;
+    std::vector<TilePhase> tile_bounds;
+  };
+  static Buffers& buffers() {
+    static thread_local Buffers b;
+    return b;
+  }
+  std::vector<RowPhase>& rows_ = buffers().rows;
+  std::vector<double>& panels_ = buffers().panels;
+  std::vector<TilePhase>& tile_bounds_ = buffers().tile_bounds;
   bool inexact_ = false;
   // The kernel's results and checks (zero: failed) for the phase it stopped at.
   alignas(32) double failed_next_[kTile];
@@ -749,14 +785,14 @@ bool applies(const Context& ctx, const AmpConfig& cfg) {
 
 // C = A B + C through the fast path; false, with nothing done, where it does not apply.
 bool gemm(Context& ctx, const AmpConfig& cfg, std::size_t m, std::size_t n, std::size_t k, const double* A,
-          std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) {
+          std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc, ElementNames names = {}) {
   if (m == 0 || n == 0 || k == 0 || !applies(ctx, cfg)) return false;
-  return Gemm(ctx, cfg, m, n, k).run(A, lda, B, ldb, C, ldc);
+  return Gemm(ctx, cfg, m, n, k, std::move(names)).run(A, lda, B, ldb, C, ldc);
 }
 #else
 bool applies(const Context&, const AmpConfig&) { return false; }
 bool gemm(Context&, const AmpConfig&, std::size_t, std::size_t, std::size_t, const double*, std::size_t,
-          const double*, std::size_t, double*, std::size_t) {
+          const double*, std::size_t, double*, std::size_t, ElementNames = {}) {
   return false;
 }
 #endif
@@ -895,31 +931,82 @@ std::vector<double> amp_conv2d(Context& ctx, const AmpConfig& cfg, const Conv2dS
               weights[((o * s.in_channels + c) * s.kernel_height + ky) * s.kernel_width + kx];
 
   std::vector<double> out(s.output_size());
+  // The reduction row of output position (n, y, x): the input values in the order r,
+  // zeros in the padding and the padded channels. Image n is first laid out as rows x
+  // columns x channels with its zero padding and padded channels (`padded`, for
+  // `padded_image`), so that each (group, ky, kx) of a row is one contiguous copy.
+  const std::size_t padded_rows = s.height + 2 * s.pad_h, padded_cols = s.width + 2 * s.pad_w;
+  const std::size_t padded_channels = groups * per_pass;
+  std::vector<double> padded(padded_rows * padded_cols * padded_channels);
+  std::size_t padded_image = s.batch;  // none yet
+  auto fill_patch = [&](std::size_t n, std::size_t y, std::size_t x, double* patch) {
+    if (padded_image != n) {
+      std::fill(padded.begin(), padded.end(), 0.0);
+      for (std::size_t c = 0; c < s.in_channels; ++c)
+        for (std::size_t row = 0; row < s.height; ++row)
+          for (std::size_t col = 0; col < s.width; ++col)
+            padded[((row + s.pad_h) * padded_cols + col + s.pad_w) * padded_channels + c] =
+                input[((n * s.in_channels + c) * s.height + row) * s.width + col];
+      padded_image = n;
+    }
+    for (std::size_t g = 0; g < groups; ++g)
+      for (std::size_t ky = 0; ky < s.kernel_height; ++ky)
+        for (std::size_t kx = 0; kx < s.kernel_width; ++kx) {
+          const double* from =
+              padded.data() + ((y * s.stride_h + ky) * padded_cols + x * s.stride_w + kx) * padded_channels + g * per_pass;
+          std::copy(from, from + per_pass, patch + ((g * s.kernel_height + ky) * s.kernel_width + kx) * per_pass);
+        }
+  };
+  auto element = [&](std::size_t n, std::size_t o, std::size_t y, std::size_t x) {
+    Element e;
+    e.flat = static_cast<std::int64_t>(((n * s.out_channels + o) * oh + y) * ow + x);
+    e.rank = 4;
+    e.index = {static_cast<std::int64_t>(n), static_cast<std::int64_t>(o), static_cast<std::int64_t>(y),
+               static_cast<std::int64_t>(x)};
+    return e;
+  };
+  // Image n output by output, in the order n, y, x, then o.
   std::vector<double> patch(k);
   AmpRun run(ctx, cfg);
-  for (std::size_t n = 0; n < s.batch; ++n)
+  auto by_dot = [&](std::size_t n) {
     for (std::size_t y = 0; y < oh; ++y)
       for (std::size_t x = 0; x < ow; ++x) {
-        std::fill(patch.begin(), patch.end(), 0.0);
-        for (std::size_t c = 0; c < s.in_channels; ++c)
-          for (std::size_t ky = 0; ky < s.kernel_height; ++ky) {
-            const std::size_t row = y * s.stride_h + ky;  // in the padded input
-            if (row < s.pad_h || row >= s.pad_h + s.height) continue;
-            for (std::size_t kx = 0; kx < s.kernel_width; ++kx) {
-              const std::size_t col = x * s.stride_w + kx;
-              if (col < s.pad_w || col >= s.pad_w + s.width) continue;
-              patch[position(c, ky, kx)] =
-                  input[((n * s.in_channels + c) * s.height + (row - s.pad_h)) * s.width + (col - s.pad_w)];
-            }
-          }
+        fill_patch(n, y, x, patch.data());
         for (std::size_t o = 0; o < s.out_channels; ++o) {
-          const std::size_t at = ((n * s.out_channels + o) * oh + y) * ow + x;
-          const ElementGuard element(ctx, static_cast<std::int64_t>(at),
-                                     {static_cast<std::int64_t>(n), static_cast<std::int64_t>(o),
-                                      static_cast<std::int64_t>(y), static_cast<std::int64_t>(x)});
+          const Element e = element(n, o, y, x);
+          const auto at = static_cast<std::size_t>(e.flat);
+          const ElementGuard guard(ctx, e.flat, {e.index[0], e.index[1], e.index[2], e.index[3]});
           out[at] = run.dot(k, patch.data(), 1, w.data() + o * k, 1, partials_in.empty() ? 0.0 : partials_in[at]);
         }
       }
+  };
+  if (!fast::applies(ctx, cfg)) {
+    for (std::size_t n = 0; n < s.batch; ++n) by_dot(n);
+    return out;
+  }
+  // The vectorised path, image by image: the im2col problem (row (y, x) the patch, column
+  // o the weights w[o], C the partials) through the AMP gemm, which computes its elements
+  // in this same order; its counts name the convolution's elements. An image whose
+  // values the gemm does not take goes through by_dot.
+  const std::size_t positions = oh * ow, channels = s.out_channels;
+  std::vector<double> w_columns(k * channels), patches(positions * k), c(positions * channels);
+  for (std::size_t o = 0; o < channels; ++o)
+    for (std::size_t r = 0; r < k; ++r) w_columns[r * channels + o] = w[o * k + r];
+  for (std::size_t n = 0; n < s.batch; ++n) {
+    for (std::size_t q = 0; q < positions; ++q) {
+      fill_patch(n, q / ow, q % ow, patches.data() + q * k);
+      for (std::size_t o = 0; o < channels; ++o)
+        c[q * channels + o] = partials_in.empty() ? 0.0 : partials_in[(n * channels + o) * positions + q];
+    }
+    const auto names = [&, n](std::size_t q, std::size_t o) { return element(n, o, q / ow, q % ow); };
+    if (!fast::gemm(ctx, cfg, positions, channels, k, patches.data(), k, w_columns.data(), channels, c.data(),
+                    channels, names)) {
+      by_dot(n);
+      continue;
+    }
+    for (std::size_t o = 0; o < channels; ++o)
+      for (std::size_t q = 0; q < positions; ++q) out[(n * channels + o) * positions + q] = c[q * channels + o];
+  }
   return out;
 }
 

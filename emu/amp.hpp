@@ -160,6 +160,10 @@ bool amp_gemm_is_vectorised(const Context& ctx, const AmpConfig& cfg);
 // stochastic rounding, the random bits drawn, because the outputs are computed in that
 // gemm's row-major order, n, y, x outer and o inner. Rounding, esr, NANOO (overflow
 // policy) and traps come from ctx, which collects the status flags.
+// Speed: where amp_gemm_is_vectorised(ctx, cfg), each image runs as that gemm on its
+// vectorised path, whose counts are renamed to the convolution's elements [n, o, y, x]
+// (flat index into the output); so results, flags and counts, with their elements and
+// in their order, are those of the outputs computed one by one (tests/amp/test_conv.cpp).
 struct Conv2dShape {
   std::size_t batch = 1, in_channels = 1, height = 1, width = 1;       // N C H W
   std::size_t out_channels = 1, kernel_height = 1, kernel_width = 1;  // O, KH, KW

@@ -758,6 +758,11 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
   // Normal values of the input format from their bits; anything else through decode(),
   // which reports inputs outside the format.
   auto decode_integer = [&](double x, std::int32_t& sig, std::int32_t& exp, bool& special, int shift) {
+    if (x == 0) {  // as decode() gives it; zeros are common (padding, ReLU, dilated gradients)
+      sig = 0;
+      exp = kZeroExponent;
+      return;
+    }
     const auto bits = std::bit_cast<std::uint64_t>(x);
     const int e = static_cast<int>((bits >> 52) & 0x7ff) - 1023;
     if (e >= in_.emin() && e <= in_.emax() && (bits & below_input_precision) == 0 &&

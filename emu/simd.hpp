@@ -1,5 +1,5 @@
 // AVX2/FMA/F16C helpers shared by emu's vectorised kernels (emu/amp.cpp,
-// emu/sequential.cpp); internal to emu. EMU_SIMD is 1 in builds with those extensions,
+// emu/sequential.cpp, emu/nearest.cpp); internal to emu. EMU_SIMD is 1 in builds with those extensions,
 // whose kernels are compiled; other builds take the exact paths.
 #pragma once
 
@@ -16,6 +16,22 @@ inline bool every_lane(__m256d mask) { return _mm256_movemask_pd(mask) == 0xF; }
 
 // Floats rounded to the nearest fp16 value (ties to even, set in the instruction) and back.
 inline __m128 to_fp16(__m128 x) { return _mm_cvtph_ps(_mm_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT)); }
+
+// All-ones lanes where x is a finite fp16 value: the round trip through fp16 (F16C)
+// gives back exactly the fp16 values, and inf only where |x| > 65504.
+inline __m256d fp16_values(__m256d x) {
+  const __m256d back = _mm256_cvtps_pd(to_fp16(_mm256_cvtpd_ps(x)));
+  return _mm256_and_pd(_mm256_cmp_pd(back, x, _CMP_EQ_OQ),
+                       _mm256_cmp_pd(magnitude(x), _mm256_set1_pd(65504.0), _CMP_LE_OQ));
+}
+
+// All-ones lanes where x is a finite fp32 value (the round trip through float gives it
+// back, and it is not infinite).
+inline __m256d fp32_values(__m256d x) {
+  const __m256d back = _mm256_cvtps_pd(_mm256_cvtpd_ps(x));
+  return _mm256_and_pd(_mm256_cmp_pd(back, x, _CMP_EQ_OQ),
+                       _mm256_cmp_pd(magnitude(x), _mm256_set1_pd(0x1.fffffep127), _CMP_LE_OQ));
+}
 
 // The host's arithmetic and conversions round as emu's rne only under round-to-nearest,
 // without flushing of subnormals (results: FTZ; operands: DAZ).

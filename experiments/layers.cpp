@@ -5,8 +5,12 @@
 #include <limits>
 #include <span>
 #include <stdexcept>
+#include <type_traits>
 
 #include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include "emu/nearest.hpp"
 
 namespace roundoff::train {
 
@@ -22,10 +26,17 @@ void set_element(emu::Context& ctx, const Shape& s, std::size_t flat) {
   ctx.set_element(k, {n, c, static_cast<std::int64_t>(q / s.w), static_cast<std::int64_t>(q % s.w)});
 }
 
-void set_element(const Emulated& e, const Shape& s, std::size_t flat) {
-  if (e.first_sample == 0) return set_element(e.ctx, s, flat);
-  set_element(e.ctx, Shape{s.n + e.first_sample, s.c, s.h, s.w}, flat + e.first_sample * s.per_sample());
+namespace {
+
+// Value `flat` of a tensor of shape s whose first sample is sample first_sample of its set.
+void set_element(emu::Context& ctx, std::size_t first_sample, const Shape& s, std::size_t flat) {
+  if (first_sample == 0) return set_element(ctx, s, flat);
+  set_element(ctx, Shape{s.n + first_sample, s.c, s.h, s.w}, flat + first_sample * s.per_sample());
 }
+
+}  // namespace
+
+void set_element(const Emulated& e, const Shape& s, std::size_t flat) { set_element(e.ctx, e.first_sample, s, flat); }
 
 namespace {
 
@@ -39,23 +50,153 @@ void set_channel(emu::Context& ctx, std::size_t c) {
 // into an fp16 unit), and skipping their conversion keeps results and flags unchanged.
 bool finite_value_of(const emu::Format& f, double v) { return std::isfinite(v) && f.representable(v); }
 
-// Every value rounded into f (elements of shape s when given, else flat indices).
-std::vector<double> converted(const Emulated& e, const emu::Format& f, const std::vector<double>& v,
-                              const Shape* s = nullptr) {
-  std::vector<double> r(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (finite_value_of(f, v[i])) {
-      r[i] = v[i];
-      continue;
-    }
-    if (s)
-      set_element(e, *s, i);
-    else
-      e.ctx.set_element(static_cast<std::int64_t>(i));
-    r[i] = e.ctx.convert(f, v[i]);
+// The arithmetic of the layers' loops in two forms with one interface, so that each
+// loop is written once. ContextOps: every operation through the context, with the
+// element of its flags set. FastOps, where emu::NearestOps applies: its inline
+// round-to-nearest, whose INEXACT and UFLO are neither counted nor trapped and need no
+// element; an operation it refuses goes through the context, after the flags raised so
+// far and with the element set as ContextOps would have set it. Counted and trapped
+// flags come only from those operations, in program order, so results, flags, counts
+// and trap reports are ContextOps's.
+class ContextOps {
+ public:
+  static constexpr bool kFast = false;
+  ContextOps(emu::Context& ctx, std::size_t first_sample) : ctx_(ctx), first_sample_(first_sample) {}
+  // The element of the flags raised next: value `flat` of a tensor of shape s (samples
+  // counted from first_sample), a channel, a flat index; clear(): none.
+  void element(const Shape& s, std::size_t flat) { set_element(ctx_, first_sample_, s, flat); }
+  void channel(std::size_t c) { set_channel(ctx_, c); }
+  void flat(std::size_t i) { ctx_.set_element(static_cast<std::int64_t>(i)); }
+  void clear() { ctx_.clear_element(); }
+  double add(const emu::Format& f, double a, double b) { return ctx_.add(f, a, b); }
+  double sub(const emu::Format& f, double a, double b) { return ctx_.sub(f, a, b); }
+  double mul(const emu::Format& f, double a, double b) { return ctx_.mul(f, a, b); }
+  double div(const emu::Format& f, double a, double b) { return ctx_.div(f, a, b); }
+  double fma(const emu::Format& f, double a, double b, double c) { return ctx_.fma(f, a, b, c); }
+  double sqrt(const emu::Format& f, double a) { return ctx_.sqrt(f, a); }
+  double convert(const emu::Format& f, double a) { return ctx_.convert(f, a); }
+
+ private:
+  emu::Context& ctx_;
+  std::size_t first_sample_;
+};
+
+class FastOps {
+ public:
+  static constexpr bool kFast = true;
+  FastOps(emu::Context& ctx, std::size_t first_sample) : context_(ctx, first_sample), ctx_(ctx) {}
+  FastOps(const FastOps&) = delete;
+  FastOps& operator=(const FastOps&) = delete;
+  ~FastOps() { nearest_.commit(ctx_); }
+  // The element is set in the context only for an operation that goes through it.
+  void element(const Shape& s, std::size_t flat) { pending_ = {Pending::element, &s, flat}; }
+  void channel(std::size_t c) { pending_ = {Pending::channel, nullptr, c}; }
+  void flat(std::size_t i) { pending_ = {Pending::flat, nullptr, i}; }
+  void clear() {
+    pending_.kind = Pending::none;
+    ctx_.clear_element();
   }
-  e.ctx.clear_element();
-  return r;
+  double add(const emu::Format& f, double a, double b) {
+    double r;
+    return nearest_.add(f, a, b, r) ? r : context().add(f, a, b);
+  }
+  double sub(const emu::Format& f, double a, double b) {
+    double r;
+    return nearest_.sub(f, a, b, r) ? r : context().sub(f, a, b);
+  }
+  double mul(const emu::Format& f, double a, double b) {
+    double r;
+    return nearest_.mul(f, a, b, r) ? r : context().mul(f, a, b);
+  }
+  double div(const emu::Format& f, double a, double b) {
+    double r;
+    return nearest_.div(f, a, b, r) ? r : context().div(f, a, b);
+  }
+  double fma(const emu::Format& f, double a, double b, double c) {
+    double r;
+    return nearest_.fma(f, a, b, c, r) ? r : context().fma(f, a, b, c);
+  }
+  double sqrt(const emu::Format& f, double a) {
+    double r;
+    return nearest_.sqrt(f, a, r) ? r : context().sqrt(f, a);
+  }
+  double convert(const emu::Format& f, double a) {
+    double r;
+    return nearest_.convert(f, a, r) ? r : context().convert(f, a);
+  }
+
+ private:
+  // The element set last, and whether the context has it.
+  struct Pending {
+    enum Kind { none, element, channel, flat } kind = none;
+    const Shape* shape = nullptr;
+    std::size_t index = 0;
+  };
+
+  // The context for a refused operation: the flags so far raised, the element set.
+  [[gnu::noinline]] ContextOps& context() {
+    nearest_.commit(ctx_);
+    switch (pending_.kind) {
+      case Pending::none: break;
+      case Pending::element: context_.element(*pending_.shape, pending_.index); break;
+      case Pending::channel: context_.channel(pending_.index); break;
+      case Pending::flat: context_.flat(pending_.index); break;
+    }
+    pending_.kind = Pending::none;  // set: the element's next refused operations share it
+    return context_;
+  }
+
+  emu::NearestOps nearest_;
+  ContextOps context_;
+  emu::Context& ctx_;
+  Pending pending_;
+};
+
+// Runs body(ops) with FastOps where emu::NearestOps applies, else with ContextOps.
+template <class Body>
+void with_ops(emu::Context& ctx, std::size_t first_sample, const Body& body) {
+  if (emu::NearestOps::applies(ctx)) {
+    FastOps fast(ctx, first_sample);
+    body(fast);
+  } else {
+    ContextOps slow(ctx, first_sample);
+    body(slow);
+  }
+}
+template <class Body>
+void with_ops(const Emulated& e, const Body& body) {
+  with_ops(e.ctx, e.first_sample, body);
+}
+
+// Rounds every value of v into f in place, values of f left as they are (elements of
+// shape s when given, else flat indices; none with no_elements).
+void convert_all(emu::Context& ctx, std::size_t first_sample, const emu::Format& f, std::vector<double>& v,
+                 const Shape* s = nullptr, bool no_elements = false) {
+  with_ops(ctx, first_sample, [&](auto& ops) {
+    constexpr bool fast = std::remove_reference_t<decltype(ops)>::kFast;
+    // FastOps skip the values of f by whole vectors where they can, and give back the
+    // others of them as they are, with nothing raised.
+    const std::size_t n = v.size();
+    for (std::size_t i = fast ? emu::NearestOps::first_not_value(f, v.data(), 0, n) : 0; i < n;
+         i = fast ? emu::NearestOps::first_not_value(f, v.data(), i + 1, n) : i + 1) {
+      if (!fast && finite_value_of(f, v[i])) continue;
+      if (no_elements) {
+      } else if (s) {
+        ops.element(*s, i);
+      } else {
+        ops.flat(i);
+      }
+      v[i] = ops.convert(f, v[i]);
+    }
+    if (!no_elements) ops.clear();
+  });
+}
+
+// Every value rounded into f (elements of shape s when given, else flat indices).
+std::vector<double> converted(const Emulated& e, const emu::Format& f, std::vector<double> v,
+                              const Shape* s = nullptr) {
+  convert_all(e.ctx, e.first_sample, f, v, s);
+  return v;
 }
 
 std::vector<double> transpose(const std::vector<double>& a, std::size_t rows, std::size_t cols) {
@@ -142,17 +283,13 @@ void unit_gemm(emu::Context& ctx, const emu::MatrixUnit& unit, std::size_t m, st
                std::vector<double> a, std::vector<double> b, const emu::Format& out, std::vector<double>& c) {
   ctx.clear_element();  // the unit reports its own elements, if any
   const emu::Format& in = unit.input_format();
-  auto into = [&](const emu::Format& f, std::vector<double>& v) {
-    for (double& x : v)
-      if (!finite_value_of(f, x)) x = ctx.convert(f, x);
-  };
-  into(in, a);
-  into(in, b);
+  convert_all(ctx, 0, in, a, nullptr, true);
+  convert_all(ctx, 0, in, b, nullptr, true);
   const emu::Format& unit_out = unit.output_format();
   c.resize(m * n);
-  into(unit_out, c);
+  convert_all(ctx, 0, unit_out, c, nullptr, true);
   unit.gemm(ctx, m, n, k, a.data(), k, b.data(), n, c.data(), n);
-  if (!(unit_out == out)) into(out, c);
+  if (!(unit_out == out)) convert_all(ctx, 0, out, c, nullptr, true);
 }
 
 Tensor conv2d(Emulated& e, const Tensor& x, const std::vector<double>& w, const ConvGeometry& g,
@@ -188,7 +325,7 @@ Tensor conv2d(Emulated& e, const Tensor& x, const std::vector<double>& w, const 
         for (std::size_t q = 0; q < positions; ++q) y.v[(n * o_count + o) * positions + q] = out_n[q * o_count + o];
     });
   }
-  if (!(unit_out == out)) y.v = converted(e, out, y.v, &ys);
+  if (!(unit_out == out)) convert_all(e.ctx, e.first_sample, out, y.v, &ys);
   return y;
 }
 
@@ -229,19 +366,25 @@ std::vector<double> conv2d_grad_weights(Emulated& e, const Tensor& x, const Tens
       for (std::size_t q = 0; q < positions; ++q)
         dy_rows[(n * positions + q) * o_count + o] = dy.v[(n * o_count + o) * positions + q];
   }
-  // In row blocks of kGradientRows, each one gemm through the unit (rows are independent;
-  // the blocks are fixed, so the results do not depend on the threads).
+  // In row blocks, each one gemm through the unit (rows are independent). Where counts or
+  // traps can show the elements the unit reports (relative to its gemm), the blocks are
+  // of kGradientRows rows, whatever the threads; otherwise one block per thread, since
+  // every element and the set of flags are the same however the rows are cut, and each
+  // gemm packs all of dy.
   constexpr std::size_t kGradientRows = 16;
+  const bool elements_show = e.ctx.control.counted != 0 || e.ctx.control.traps != 0;
+  const auto threads = static_cast<std::size_t>(std::max(1, tbb::this_task_arena::max_concurrency()));
+  const std::size_t block_rows = elements_show ? kGradientRows : (kd + threads - 1) / threads;
   const emu::Format& in = e.unit.input_format();
-  patches_t = converted(e, in, patches_t);
-  dy_rows = converted(e, in, dy_rows);
+  convert_all(e.ctx, e.first_sample, in, patches_t);
+  convert_all(e.ctx, e.first_sample, in, dy_rows);
   std::vector<double> dw_t(kd * o_count, 0.0);
-  for_each_item(e.ctx, (kd + kGradientRows - 1) / kGradientRows, [&](std::size_t block, emu::Context& c) {
-    const std::size_t first = block * kGradientRows, rows = std::min(kGradientRows, kd - first);
+  for_each_item(e.ctx, (kd + block_rows - 1) / block_rows, [&](std::size_t block, emu::Context& c) {
+    const std::size_t first = block * block_rows, rows = std::min(block_rows, kd - first);
     e.unit.gemm(c, rows, o_count, m, patches_t.data() + first * m, m, dy_rows.data(), o_count,
                 dw_t.data() + first * o_count, o_count);
   });
-  if (!(e.unit.output_format() == e.formats.grad)) dw_t = converted(e, e.formats.grad, dw_t);
+  if (!(e.unit.output_format() == e.formats.grad)) convert_all(e.ctx, e.first_sample, e.formats.grad, dw_t);
   return transpose(dw_t, kd, o_count);
 }
 
@@ -338,32 +481,34 @@ Tensor batch_norm_train(Emulated& e, const Tensor& z, const Param& gamma, const 
   Tensor h(s);
   // One channel per item: channels are independent.
   for_each_item(e.ctx, s.c, [&](std::size_t c, emu::Context& ctx) {
-    const Emulated ec{ctx, e.formats, e.unit, e.first_sample};
-    set_channel(ctx, c);
-    double sum = 0.0;
-    for (std::size_t n = 0; n < s.n; ++n)
-      for (std::size_t q = 0; q < spatial; ++q) sum = ctx.add(bn, sum, z.v[n * per + c * spatial + q]);
-    const double mean = ctx.div(bn, sum, count);
-    double squares = 0.0;
-    for (std::size_t n = 0; n < s.n; ++n)
-      for (std::size_t q = 0; q < spatial; ++q) {
-        const double d = ctx.sub(bn, z.v[n * per + c * spatial + q], mean);
-        squares = ctx.fma(bn, d, d, squares);
-      }
-    const double var = ctx.div(bn, squares, count);
-    const double inv_std = ctx.div(bn, 1.0, ctx.sqrt(bn, ctx.add(bn, var, k.eps)));
-    saved.inv_std[c] = inv_std;
-    const double unbiased = count > 1 ? ctx.div(bn, squares, count - 1.0) : var;
-    running_mean[c] = ctx.fma(bn, k.one_minus_momentum, running_mean[c], ctx.mul(bn, k.momentum, mean));
-    running_var[c] = ctx.fma(bn, k.one_minus_momentum, running_var[c], ctx.mul(bn, k.momentum, unbiased));
-    for (std::size_t n = 0; n < s.n; ++n)
-      for (std::size_t q = 0; q < spatial; ++q) {
-        const std::size_t i = n * per + c * spatial + q;
-        set_element(ec, s, i);
-        saved.xhat[i] = ctx.mul(bn, ctx.sub(bn, z.v[i], mean), inv_std);
-        h.v[i] = ctx.fma(e.formats.act, gamma.value[c], saved.xhat[i], beta.value[c]);
-      }
-    ctx.clear_element();
+    const double old_mean = running_mean[c], old_var = running_var[c];
+    with_ops(ctx, e.first_sample, [&](auto& ops) {
+      ops.channel(c);
+      double sum = 0.0;
+      for (std::size_t n = 0; n < s.n; ++n)
+        for (std::size_t q = 0; q < spatial; ++q) sum = ops.add(bn, sum, z.v[n * per + c * spatial + q]);
+      const double mean = ops.div(bn, sum, count);
+      double squares = 0.0;
+      for (std::size_t n = 0; n < s.n; ++n)
+        for (std::size_t q = 0; q < spatial; ++q) {
+          const double d = ops.sub(bn, z.v[n * per + c * spatial + q], mean);
+          squares = ops.fma(bn, d, d, squares);
+        }
+      const double var = ops.div(bn, squares, count);
+      const double inv_std = ops.div(bn, 1.0, ops.sqrt(bn, ops.add(bn, var, k.eps)));
+      saved.inv_std[c] = inv_std;
+      const double unbiased = count > 1 ? ops.div(bn, squares, count - 1.0) : var;
+      running_mean[c] = ops.fma(bn, k.one_minus_momentum, old_mean, ops.mul(bn, k.momentum, mean));
+      running_var[c] = ops.fma(bn, k.one_minus_momentum, old_var, ops.mul(bn, k.momentum, unbiased));
+      for (std::size_t n = 0; n < s.n; ++n)
+        for (std::size_t q = 0; q < spatial; ++q) {
+          const std::size_t i = n * per + c * spatial + q;
+          ops.element(s, i);
+          saved.xhat[i] = ops.mul(bn, ops.sub(bn, z.v[i], mean), inv_std);
+          h.v[i] = ops.fma(e.formats.act, gamma.value[c], saved.xhat[i], beta.value[c]);
+        }
+      ops.clear();
+    });
   });
   return h;
 }
@@ -376,17 +521,18 @@ Tensor batch_norm_infer(Emulated& e, const Tensor& z, const Param& gamma, const 
   const emu::Format& bn = e.formats.bn_fwd;
   Tensor h(s);
   for_each_item(e.ctx, s.c, [&](std::size_t c, emu::Context& ctx) {
-    const Emulated ec{ctx, e.formats, e.unit, e.first_sample};
-    set_channel(ctx, c);
-    const double inv_std = ctx.div(bn, 1.0, ctx.sqrt(bn, ctx.add(bn, running_var[c], k.eps)));
-    for (std::size_t n = 0; n < s.n; ++n)
-      for (std::size_t q = 0; q < spatial; ++q) {
-        const std::size_t i = n * per + c * spatial + q;
-        set_element(ec, s, i);
-        const double xhat = ctx.mul(bn, ctx.sub(bn, z.v[i], running_mean[c]), inv_std);
-        h.v[i] = ctx.fma(e.formats.act, gamma.value[c], xhat, beta.value[c]);
-      }
-    ctx.clear_element();
+    with_ops(ctx, e.first_sample, [&](auto& ops) {
+      ops.channel(c);
+      const double inv_std = ops.div(bn, 1.0, ops.sqrt(bn, ops.add(bn, running_var[c], k.eps)));
+      for (std::size_t n = 0; n < s.n; ++n)
+        for (std::size_t q = 0; q < spatial; ++q) {
+          const std::size_t i = n * per + c * spatial + q;
+          ops.element(s, i);
+          const double xhat = ops.mul(bn, ops.sub(bn, z.v[i], running_mean[c]), inv_std);
+          h.v[i] = ops.fma(e.formats.act, gamma.value[c], xhat, beta.value[c]);
+        }
+      ops.clear();
+    });
   });
   return h;
 }
@@ -415,32 +561,33 @@ Tensor batch_norm_backward(Emulated& e, const Tensor& dy, const BatchNormSaved& 
   Tensor dz(s);
   auto at = [&](std::size_t c, std::size_t m) { return m / spatial * per + c * spatial + m % spatial; };
   for_each_item(e.ctx, s.c, [&](std::size_t c, emu::Context& ctx) {
-    const Emulated ec{ctx, e.formats, e.unit, e.first_sample};
     std::vector<double> dxhat(count);
-    double dgamma = 0.0, dbeta = 0.0, sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
-    for (std::size_t m = 0; m < count; ++m) {
-      const std::size_t i = at(c, m);
-      set_element(ec, s, i);
-      dgamma = ctx.fma(bn, dy.v[i], saved.xhat[i], dgamma);
-      dbeta = ctx.add(bn, dbeta, dy.v[i]);
-      dxhat[m] = ctx.mul(bn, dy.v[i], gamma.value[c]);
-      sum_dxhat = ctx.add(bn, sum_dxhat, dxhat[m]);
-      sum_dxhat_xhat = ctx.fma(bn, dxhat[m], saved.xhat[i], sum_dxhat_xhat);
-    }
-    gamma.grad[c] = dgamma;
-    beta.grad[c] = dbeta;
-    set_channel(ctx, c);
-    const double mean_dxhat = ctx.div(bn, sum_dxhat, batch_size);
-    const double mean_dxhat_xhat = ctx.div(bn, sum_dxhat_xhat, batch_size);
-    // dz = inv_std * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
-    for (std::size_t m = 0; m < count; ++m) {
-      const std::size_t i = at(c, m);
-      set_element(ec, s, i);
-      const double centred =
-          ctx.sub(bn, ctx.sub(bn, dxhat[m], mean_dxhat), ctx.mul(bn, saved.xhat[i], mean_dxhat_xhat));
-      dz.v[i] = ctx.mul(e.formats.grad, saved.inv_std[c], centred);
-    }
-    ctx.clear_element();
+    with_ops(ctx, e.first_sample, [&](auto& ops) {
+      double dgamma = 0.0, dbeta = 0.0, sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
+      for (std::size_t m = 0; m < count; ++m) {
+        const std::size_t i = at(c, m);
+        ops.element(s, i);
+        dgamma = ops.fma(bn, dy.v[i], saved.xhat[i], dgamma);
+        dbeta = ops.add(bn, dbeta, dy.v[i]);
+        dxhat[m] = ops.mul(bn, dy.v[i], gamma.value[c]);
+        sum_dxhat = ops.add(bn, sum_dxhat, dxhat[m]);
+        sum_dxhat_xhat = ops.fma(bn, dxhat[m], saved.xhat[i], sum_dxhat_xhat);
+      }
+      gamma.grad[c] = dgamma;
+      beta.grad[c] = dbeta;
+      ops.channel(c);
+      const double mean_dxhat = ops.div(bn, sum_dxhat, batch_size);
+      const double mean_dxhat_xhat = ops.div(bn, sum_dxhat_xhat, batch_size);
+      // dz = inv_std * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
+      for (std::size_t m = 0; m < count; ++m) {
+        const std::size_t i = at(c, m);
+        ops.element(s, i);
+        const double centred =
+            ops.sub(bn, ops.sub(bn, dxhat[m], mean_dxhat), ops.mul(bn, saved.xhat[i], mean_dxhat_xhat));
+        dz.v[i] = ops.mul(e.formats.grad, saved.inv_std[c], centred);
+      }
+      ops.clear();
+    });
   });
   return dz;
 }
@@ -493,18 +640,19 @@ Tensor max_pool_backward(const Tensor& dy, const std::vector<std::uint32_t>& arg
 // ---- Global average pooling and residual addition ----------------------------------------
 
 Tensor global_avg_pool(Emulated& e, const Tensor& x) {
-  emu::Context& ctx = e.ctx;
   const Shape& s = x.shape;
   const Shape ys{s.n, s.c, 1, 1};
   const double positions = static_cast<double>(s.spatial());
   Tensor y(ys);
-  for (std::size_t p = 0; p < s.n * s.c; ++p) {
-    set_element(e, ys, p);
-    double sum = 0.0;
-    for (std::size_t q = 0; q < s.spatial(); ++q) sum = ctx.add(e.formats.act, sum, x.v[p * s.spatial() + q]);
-    y.v[p] = ctx.div(e.formats.act, sum, positions);
-  }
-  ctx.clear_element();
+  with_ops(e, [&](auto& ops) {
+    for (std::size_t p = 0; p < s.n * s.c; ++p) {
+      ops.element(ys, p);
+      double sum = 0.0;
+      for (std::size_t q = 0; q < s.spatial(); ++q) sum = ops.add(e.formats.act, sum, x.v[p * s.spatial() + q]);
+      y.v[p] = ops.div(e.formats.act, sum, positions);
+    }
+    ops.clear();
+  });
   return y;
 }
 
@@ -520,25 +668,28 @@ Tensor global_avg_pool(Fp64, const Tensor& x) {
 }
 
 Tensor global_avg_pool_backward(Emulated& e, const Tensor& dy, const Shape& x_shape) {
-  emu::Context& ctx = e.ctx;
   Tensor dx(x_shape);
   const std::size_t spatial = x_shape.spatial();
-  for (std::size_t p = 0; p < dy.v.size(); ++p) {
-    set_element(e, dy.shape, p);
-    const double g = ctx.div(e.formats.grad, dy.v[p], static_cast<double>(spatial));
-    std::fill_n(dx.v.begin() + static_cast<std::ptrdiff_t>(p * spatial), spatial, g);
-  }
-  ctx.clear_element();
+  with_ops(e, [&](auto& ops) {
+    for (std::size_t p = 0; p < dy.v.size(); ++p) {
+      ops.element(dy.shape, p);
+      const double g = ops.div(e.formats.grad, dy.v[p], static_cast<double>(spatial));
+      std::fill_n(dx.v.begin() + static_cast<std::ptrdiff_t>(p * spatial), spatial, g);
+    }
+    ops.clear();
+  });
   return dx;
 }
 
 Tensor add(Emulated& e, const Tensor& a, const Tensor& b, const emu::Format& f) {
   Tensor y(a.shape);
-  for (std::size_t i = 0; i < a.v.size(); ++i) {
-    set_element(e, a.shape, i);
-    y.v[i] = e.ctx.add(f, a.v[i], b.v[i]);
-  }
-  e.ctx.clear_element();
+  with_ops(e, [&](auto& ops) {
+    for (std::size_t i = 0; i < a.v.size(); ++i) {
+      ops.element(a.shape, i);
+      y.v[i] = ops.add(f, a.v[i], b.v[i]);
+    }
+    ops.clear();
+  });
   return y;
 }
 

@@ -52,9 +52,10 @@ enum class Inputs {
   ties,         // products of half an fp32 (or fp16) ulp of C: ties, decided by RNE or a tiny term
   extremes,     // C near the fp32 or fp16 limits, subnormal, NaN or infinite
   special_ab,   // a NaN or an infinity in A or B
+  zero_phases,  // whole phases of zeros in A (padded channels), C of every kind: the skipped phases
 };
 const char* inputs_name(Inputs i) {
-  const char* names[] = {"normal", "wide", "sparse", "cancelling", "ties", "extremes", "special_ab"};
+  const char* names[] = {"normal", "wide", "sparse", "cancelling", "ties", "extremes", "special_ab", "zero_phases"};
   return names[static_cast<int>(i)];
 }
 
@@ -112,6 +113,22 @@ Problem make_problem(Rng& rng, std::size_t m, std::size_t n, std::size_t k, Inpu
         if (pick(rng, 4) == 0) c = -c;  // then an exact doubling instead
       }
     }
+  if (kind == Inputs::zero_phases) {
+    for (std::size_t i = 0; i < m; ++i)
+      for (std::size_t q = 0; q < k; q += 4)
+        if (pick(rng, 3) != 0)
+          for (std::size_t r = q; r < std::min(k, q + 4); ++r) p.A[i * p.lda() + r] = sign(rng) * 0.0;
+    for (std::size_t i = 0; i < m; ++i)
+      for (std::size_t j = 0; j < n; ++j) {
+        double& c = p.C[i * p.ldc() + j];
+        switch (pick(rng, 5)) {
+          case 0: c = sign(rng) * 0.0; break;
+          case 1: c = partial_value(rng, Inputs::extremes, half_partials); break;
+          case 2: c = float_in(rng, -20, 20); break;  // an fp32 value, for fp16 partials too
+          default: break;
+        }
+      }
+  }
   if (kind == Inputs::special_ab) {
     const double special[] = {std::numeric_limits<double>::quiet_NaN(), kInf, -kInf};
     if (pick(rng, 2) == 0)
@@ -164,8 +181,8 @@ void compare(const MatrixUnit& unit, const FpControl& control, const Problem& p,
   REQUIRE(fast_ctx.status() == exact_ctx.status());
 }
 
-constexpr Inputs kAllInputs[] = {Inputs::normal, Inputs::wide,     Inputs::sparse,    Inputs::cancelling,
-                                 Inputs::ties,   Inputs::extremes, Inputs::special_ab};
+constexpr Inputs kAllInputs[] = {Inputs::normal, Inputs::wide,     Inputs::sparse,     Inputs::cancelling,
+                                 Inputs::ties,   Inputs::extremes, Inputs::special_ab, Inputs::zero_phases};
 
 // Many small products (flags per gemm are then nearly per element) and a few larger
 // ones with several tiles and passes; n and k not multiples of the tile and the phase.

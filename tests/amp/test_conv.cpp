@@ -12,8 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "../fp_counts.hpp"
 #include "emu/amp.hpp"
 #include "oracle.hpp"
+#include "tests/gemm_problem.hpp"
 
 using namespace emu;
 using amp_oracle::Partials;
@@ -344,6 +346,82 @@ TEST_CASE("amp_conv2d reports the element [n, o, y, x] of its counts and traps",
     CHECK(e.report().element.to_string() == "[1, 2, 2, 3]");
     CHECK(std::isinf(e.report().result));
   }
+}
+
+TEST_CASE("amp_conv2d's vectorised path: values, flags and counts with their [n, o, y, x] elements, as computed "
+          "output by output",
+          "[amp][conv]") {
+  // The reference is the documented definition run element by element in the order
+  // n, y, x, then o, each output one amp_dot with its element set; amp_conv2d runs an
+  // image as one gemm (emu/amp.cpp) and must count the same elements in the same order.
+  // Inputs: ordinary values, wide exponent spans (phases the kernel cannot prove exact),
+  // values that overflow fp16 partials, zero weights, and an image with a NaN and an
+  // infinity (inf * 0 raises INV).
+  struct Setup {
+    const char* label;
+    PartialsType partials;
+    Overflow overflow;
+  };
+  const Setup setups[] = {
+      {"float partials", PartialsType::float32, Overflow::inf},
+      {"half partials", PartialsType::half, Overflow::inf},
+      {"half partials, nanoo", PartialsType::half, Overflow::nan},
+      {"float partials, nanoo", PartialsType::float32, Overflow::nan},
+  };
+  Rng rng(StreamId{36});
+  for (const Setup& setup : setups)
+    for (const Conv2dShape& base : kShapes) {
+      Conv2dShape s = base;
+      s.batch = 3;
+      const AmpConfig cfg = amp_config(setup.partials);
+      const std::size_t group = static_cast<std::size_t>(cfg.products_per_pass());
+      Problem p = random_problem(rng, s, cfg, true);
+      for (double& x : p.input) {
+        const std::size_t r = gemm_test::pick(rng, 40);
+        if (r == 0) x = 30000.0 * gemm_test::sign(rng);                                  // overflows
+        if (r == 1) x = std::ldexp(gemm_test::sign(rng), -24 + int(gemm_test::pick(rng, 10)));  // wide spans
+      }
+      for (double& x : p.weights)
+        if (gemm_test::pick(rng, 8) == 0) x = 0.0;
+      const std::size_t kernel = s.kernel_height * s.kernel_width;
+      for (std::size_t r = 0; r < kernel; ++r) p.weights[s.in_channels * kernel + r] = 0.0;  // o 1, c 0: inf * 0
+      p.weights[0] = 60000.0;
+      const std::size_t per_image = s.in_channels * s.height * s.width;
+      p.input[2 * per_image + 1] = std::numeric_limits<double>::quiet_NaN();  // image 2: the exact path
+      p.input[2 * per_image + 3] = -std::numeric_limits<double>::infinity();
+      FpControl control;
+      control.overflow = setup.overflow;
+      control.counted = OFLO | INV | DIV0;
+      Context conv_ctx(control), reference(control);
+      CHECK(amp_gemm_is_vectorised(conv_ctx, cfg) == gemm_test::simd_build());
+      std::vector<double> out;
+      {
+        const Scope scope(conv_ctx, "conv");
+        out = amp_conv2d(conv_ctx, cfg, s, p.input, p.weights, p.partials);
+      }
+      const Scope scope(reference, "conv");
+      std::vector<double> in, w;
+      std::size_t differ = 0, nonfinite = 0;
+      for (std::size_t n = 0; n < s.batch; ++n)
+        for (std::size_t y = 0; y < s.out_height(); ++y)
+          for (std::size_t x = 0; x < s.out_width(); ++x)
+            for (std::size_t o = 0; o < s.out_channels; ++o) {
+              reduction(p, group, n, o, y, x, in, w);
+              const std::size_t at = out_index(s, n, o, y, x);
+              const ElementGuard element(reference, static_cast<std::int64_t>(at),
+                                         {static_cast<std::int64_t>(n), static_cast<std::int64_t>(o),
+                                          static_cast<std::int64_t>(y), static_cast<std::int64_t>(x)});
+              const double want = amp_dot(reference, cfg, in.size(), in.data(), 1, w.data(), 1, p.partials[at]);
+              differ += !same(out[at], want);
+              nonfinite += !std::isfinite(want);
+            }
+      INFO(setup.label << ", C " << s.in_channels << " KH " << s.kernel_height << " KW " << s.kernel_width);
+      CHECK(differ == 0);
+      CHECK(nonfinite > 0);
+      CHECK(int{conv_ctx.status()} == int{reference.status()});
+      CHECK(!reference.counts().empty());
+      fp_counts::check_same_counts(conv_ctx.counts(), reference.counts());
+    }
 }
 
 TEST_CASE("amp_conv2d refuses malformed arguments", "[amp][conv]") {
