@@ -43,6 +43,18 @@ constexpr std::uint64_t kSeed = 2026;
 constexpr double kStepCpuBudget = 5.0;  // seconds of CPU per unit at most
 constexpr int kMaxSteps = 300, kMinSteps = 10;
 
+// The units measured: those named after the data file on the command line, else all.
+std::vector<std::string> selected_units;
+bool measured(const std::string& unit) {
+  return selected_units.empty() || std::find(selected_units.begin(), selected_units.end(), unit) != selected_units.end();
+}
+std::vector<const char*> units_to_measure() {
+  std::vector<const char*> units;
+  for (const char* const* name = emu::unit_names(); *name; ++name)
+    if (measured(*name)) units.push_back(*name);
+  return units;
+}
+
 double cpu_seconds() {
   timespec t{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
@@ -367,11 +379,11 @@ void bench_conv_model(const std::shared_ptr<const Split>& images, roundoff::trai
   spec.rule = roundoff::train::UpdateRule::fp32;
   report("fp32 baseline");
   spec.rule = roundoff::train::UpdateRule::fp32_master;
-  for (const char* const* name = emu::unit_names(); *name; ++name) {
-    spec.unit = *name;
-    report(*name);
+  for (const char* name : units_to_measure()) {
+    spec.unit = name;
+    report(name);
   }
-  if (kind != ModelKind::convnet) return;
+  if (kind != ModelKind::convnet || !measured("ipu-amp")) return;
   // One Fashion-MNIST epoch of the convnet on ipu-amp with every core: a run computes a
   // layer's images, channels and row blocks in parallel (experiments/layers.hpp).
   spec.unit = "ipu-amp";
@@ -394,6 +406,14 @@ int main(int argc, char** argv) {
   std::optional<tbb::global_control> single_thread(std::in_place, tbb::global_control::max_allowed_parallelism, 1);
   floatref::use_one_thread();
   std::string source;
+  // bench_train [DIGITS.h5 [UNIT ...]]
+  for (int i = 2; i < argc; ++i) {
+    selected_units.emplace_back(argv[i]);
+    if (units_to_measure().size() != selected_units.size()) {
+      std::fprintf(stderr, "bench_train: unknown unit '%s' (emu units lists them)\n", argv[i]);
+      return 2;
+    }
+  }
   const std::shared_ptr<const Split> data = load_data(argc > 1 ? argv[1] : "results/digits.h5", source);
   std::printf("Training throughput, digits MLP %d -> %d -> BatchNorm -> ReLU -> %d, batch %d, SGD lr %.2f\n",
               data->train.features, kHidden, data->train.classes, kBatch, kLearningRate);
@@ -433,9 +453,9 @@ int main(int argc, char** argv) {
   spec.rule = roundoff::train::UpdateRule::fp32;
   report("fp32 baseline", spec);
   spec.rule = roundoff::train::UpdateRule::fp32_master;
-  for (const char* const* name = emu::unit_names(); *name; ++name) {
-    spec.unit = *name;
-    report(*name, spec);
+  for (const char* name : units_to_measure()) {
+    spec.unit = name;
+    report(name, spec);
   }
   std::printf("\nemu/float: emulated samples/s divided by the float32 reference's (same data, same run);\n"
               "(best): the same from each run's fastest %d-step chunk\n", Throughput::kChunkSteps);
@@ -447,7 +467,8 @@ int main(int argc, char** argv) {
               "count/off", "(best)", "counted", "same losses");
   spec.rule = roundoff::train::UpdateRule::fp32_master;
   for (const char* unit : {"fp32-seq", "ipu-amp", "ipu-amp-half", "a100"})
-    for (const char* scaling : {"128", "dynamic/2", "1e9 skip"}) {
+    for (const char* scaling : measured(unit) ? std::vector<const char*>{"128", "dynamic/2", "1e9 skip"}
+                                              : std::vector<const char*>{}) {
       spec.unit = unit;
       const std::string how = scaling;
       roundoff::train::parse_loss_scale(how == "128" ? "128" : "dynamic", spec);

@@ -937,7 +937,9 @@ std::vector<double> amp_conv2d(Context& ctx, const AmpConfig& cfg, const Conv2dS
   // `padded_image`), so that each (group, ky, kx) of a row is one contiguous copy.
   const std::size_t padded_rows = s.height + 2 * s.pad_h, padded_cols = s.width + 2 * s.pad_w;
   const std::size_t padded_channels = groups * per_pass;
-  std::vector<double> padded(padded_rows * padded_cols * padded_channels);
+  // Temporaries in buffers kept per thread (a training step convolves image after image).
+  static thread_local std::vector<double> padded, patches, c;
+  padded.resize(padded_rows * padded_cols * padded_channels);
   std::size_t padded_image = s.batch;  // none yet
   auto fill_patch = [&](std::size_t n, std::size_t y, std::size_t x, double* patch) {
     if (padded_image != n) {
@@ -989,7 +991,9 @@ std::vector<double> amp_conv2d(Context& ctx, const AmpConfig& cfg, const Conv2dS
   // in this same order; its counts name the convolution's elements. An image whose
   // values the gemm does not take goes through by_dot.
   const std::size_t positions = oh * ow, channels = s.out_channels;
-  std::vector<double> w_columns(k * channels), patches(positions * k), c(positions * channels);
+  std::vector<double> w_columns(k * channels);
+  patches.resize(positions * k);
+  c.resize(positions * channels);
   for (std::size_t o = 0; o < channels; ++o)
     for (std::size_t r = 0; r < k; ++r) w_columns[r * channels + o] = w[o * k + r];
   for (std::size_t n = 0; n < s.batch; ++n) {

@@ -7,12 +7,31 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include <malloc.h>
+
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
 #include "emu/nearest.hpp"
 
 namespace roundoff::train {
+
+using emu::Double4, emu::load4, emu::store4;
+
+namespace {
+
+// A training step allocates and frees tensors of megabytes by the dozen; glibc hands
+// blocks that large back to the kernel (mmap, and trimming the heap's top), so every
+// step faults the same memory in again, page by page: a fifth of a convolutional
+// model's step on a virtual machine. Freed memory is kept for reuse instead (the
+// largest threshold glibc takes: blocks above 32 MiB are still mapped alone).
+const bool kKeepFreedMemory = [] {
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  return true;
+}();
+
+}  // namespace
 
 void set_element(emu::Context& ctx, const Shape& s, std::size_t flat) {
   const auto k = static_cast<std::int64_t>(flat);
@@ -75,6 +94,10 @@ class ContextOps {
   double fma(const emu::Format& f, double a, double b, double c) { return ctx_.fma(f, a, b, c); }
   double sqrt(const emu::Format& f, double a) { return ctx_.sqrt(f, a); }
   double convert(const emu::Format& f, double a) { return ctx_.convert(f, a); }
+  template <class Group>
+  bool vectorised(const Group&) {
+    return false;
+  }
 
  private:
   emu::Context& ctx_;
@@ -124,6 +147,19 @@ class FastOps {
     double r;
     return nearest_.convert(f, a, r) ? r : context().convert(f, a);
   }
+  // A group of emu::NearestOps::fma4 calls (group(fma4) returns whether every call
+  // answered): true where all did; else false with their flags taken back, and the
+  // caller runs the group's operations one by one, in order.
+  template <class Group>
+  bool vectorised(const Group& group) {
+    const emu::Flags before = nearest_.flags();
+    auto fma4 = [&](const emu::Format& f, Double4 a, Double4 b, Double4 c, Double4& r) {
+      return nearest_.fma4(f, a, b, c, r);
+    };
+    if (group(fma4)) return true;
+    nearest_.restore(before);
+    return false;
+  }
 
  private:
   // The element set last, and whether the context has it.
@@ -170,7 +206,7 @@ void with_ops(const Emulated& e, const Body& body) {
 
 // Rounds every value of v into f in place, values of f left as they are (elements of
 // shape s when given, else flat indices; none with no_elements).
-void convert_all(emu::Context& ctx, std::size_t first_sample, const emu::Format& f, std::vector<double>& v,
+void convert_all(emu::Context& ctx, std::size_t first_sample, const emu::Format& f, std::span<double> v,
                  const Shape* s = nullptr, bool no_elements = false) {
   with_ops(ctx, first_sample, [&](auto& ops) {
     constexpr bool fast = std::remove_reference_t<decltype(ops)>::kFast;
@@ -197,6 +233,20 @@ std::vector<double> converted(const Emulated& e, const emu::Format& f, std::vect
                               const Shape* s = nullptr) {
   convert_all(e.ctx, e.first_sample, f, v, s);
   return v;
+}
+
+Double4 splat(double x) { return Double4{x, x, x, x}; }
+
+// A buffer of at least n doubles (contents unspecified) kept by the calling thread, one
+// per slot: the layers' large temporaries, which a training step would otherwise
+// allocate, and fault in as fresh pages, thousands of times. A slot serves one use at
+// a time.
+enum class Scratch { col, out, patches, rows, dxhat, count };
+std::vector<double>& scratch(Scratch slot, std::size_t n) {
+  static thread_local std::array<std::vector<double>, static_cast<std::size_t>(Scratch::count)> buffers;
+  std::vector<double>& b = buffers[static_cast<std::size_t>(slot)];
+  if (b.size() < n) b.resize(n);
+  return b;
 }
 
 std::vector<double> transpose(const std::vector<double>& a, std::size_t rows, std::size_t cols) {
@@ -239,10 +289,14 @@ void for_each_item(emu::Context& ctx, std::size_t n, const Body& body) {
     return;
   }
   std::vector<emu::Context> parts(n, ctx);
-  tbb::parallel_for(std::size_t{0}, n, [&](std::size_t i) {
-    parts[i].clear_status();
-    parts[i].clear_counts();
-    body(i, parts[i]);
+  // Isolated: a thread waiting here takes only these items, never an outer task (another
+  // sweep point's training), which would reuse this thread's scratch buffers mid-layer.
+  tbb::this_task_arena::isolate([&] {
+    tbb::parallel_for(std::size_t{0}, n, [&](std::size_t i) {
+      parts[i].clear_status();
+      parts[i].clear_counts();
+      body(i, parts[i]);
+    });
   });
   for (const emu::Context& part : parts) ctx.absorb(part);
 }
@@ -318,9 +372,11 @@ Tensor conv2d(Emulated& e, const Tensor& x, const std::vector<double>& w, const 
     const std::size_t kd = x.shape.c * g.kernel * g.kernel, positions = ys.spatial(), o_count = ys.c;
     const std::vector<double> wt = transpose(wi, o_count, kd);  // kd x O
     for_each_item(ctx, x.shape.n, [&](std::size_t n, emu::Context& c) {
-      std::vector<double> col(positions * kd), out_n(positions * o_count, 0.0);
-      im2col(xi, n, g, ys.h, ys.w, col.data());
-      e.unit.gemm(c, positions, o_count, kd, col.data(), kd, wt.data(), o_count, out_n.data(), o_count);
+      double* col = scratch(Scratch::col, positions * kd).data();
+      double* out_n = scratch(Scratch::out, positions * o_count).data();
+      std::fill_n(out_n, positions * o_count, 0.0);
+      im2col(xi, n, g, ys.h, ys.w, col);
+      e.unit.gemm(c, positions, o_count, kd, col, kd, wt.data(), o_count, out_n, o_count);
       for (std::size_t o = 0; o < o_count; ++o)
         for (std::size_t q = 0; q < positions; ++q) y.v[(n * o_count + o) * positions + q] = out_n[q * o_count + o];
     });
@@ -357,9 +413,11 @@ std::vector<double> conv2d_grad_weights(Emulated& e, const Tensor& x, const Tens
   // dW^T (C K K x O) = patches^T (C K K x N OH OW) times dy (N OH OW x O): the same
   // products in the same order per element as dy^T times the patches, in the
   // orientation the units' gemms run faster (few columns, long rows).
-  std::vector<double> col(positions * kd), patches_t(kd * m), dy_rows(m * o_count);
+  const std::span<double> patches_t(scratch(Scratch::patches, kd * m).data(), kd * m);
+  const std::span<double> dy_rows(scratch(Scratch::rows, m * o_count).data(), m * o_count);
+  double* col = scratch(Scratch::col, positions * kd).data();
   for (std::size_t n = 0; n < x.shape.n; ++n) {
-    im2col(x, n, g, dy.shape.h, dy.shape.w, col.data());
+    im2col(x, n, g, dy.shape.h, dy.shape.w, col);
     for (std::size_t q = 0; q < positions; ++q)
       for (std::size_t r = 0; r < kd; ++r) patches_t[r * m + n * positions + q] = col[q * kd + r];
     for (std::size_t o = 0; o < o_count; ++o)
@@ -500,13 +558,33 @@ Tensor batch_norm_train(Emulated& e, const Tensor& z, const Param& gamma, const 
       const double unbiased = count > 1 ? ops.div(bn, squares, count - 1.0) : var;
       running_mean[c] = ops.fma(bn, k.one_minus_momentum, old_mean, ops.mul(bn, k.momentum, mean));
       running_var[c] = ops.fma(bn, k.one_minus_momentum, old_var, ops.mul(bn, k.momentum, unbiased));
-      for (std::size_t n = 0; n < s.n; ++n)
-        for (std::size_t q = 0; q < spatial; ++q) {
+      // xhat = (z - mean) inv_std and h = gamma xhat + beta, four elements at a time
+      // where they can be.
+      auto element = [&](std::size_t i) {
+        ops.element(s, i);
+        saved.xhat[i] = ops.mul(bn, ops.sub(bn, z.v[i], mean), inv_std);
+        h.v[i] = ops.fma(e.formats.act, gamma.value[c], saved.xhat[i], beta.value[c]);
+      };
+      const Double4 means = splat(mean), inv_stds = splat(inv_std), gammas = splat(gamma.value[c]);
+      const Double4 betas = splat(beta.value[c]), minus_ones = splat(-1.0), minus_zeros = splat(-0.0);
+      for (std::size_t n = 0; n < s.n; ++n) {
+        std::size_t q = 0;
+        for (; q + 4 <= spatial; q += 4) {
           const std::size_t i = n * per + c * spatial + q;
-          ops.element(s, i);
-          saved.xhat[i] = ops.mul(bn, ops.sub(bn, z.v[i], mean), inv_std);
-          h.v[i] = ops.fma(e.formats.act, gamma.value[c], saved.xhat[i], beta.value[c]);
+          Double4 xhat, h4;
+          if (ops.vectorised([&](auto fma4) {
+                Double4 centred;
+                return fma4(bn, means, minus_ones, load4(&z.v[i]), centred) &&
+                       fma4(bn, centred, inv_stds, minus_zeros, xhat) && fma4(e.formats.act, gammas, xhat, betas, h4);
+              })) {
+            store4(xhat, &saved.xhat[i]);
+            store4(h4, &h.v[i]);
+            continue;
+          }
+          for (std::size_t j = 0; j < 4; ++j) element(i + j);
         }
+        for (; q < spatial; ++q) element(n * per + c * spatial + q);
+      }
       ops.clear();
     });
   });
@@ -559,32 +637,80 @@ Tensor batch_norm_backward(Emulated& e, const Tensor& dy, const BatchNormSaved& 
   const double batch_size = static_cast<double>(count);
   const emu::Format& bn = e.formats.bn_bwd;
   Tensor dz(s);
-  auto at = [&](std::size_t c, std::size_t m) { return m / spatial * per + c * spatial + m % spatial; };
   for_each_item(e.ctx, s.c, [&](std::size_t c, emu::Context& ctx) {
-    std::vector<double> dxhat(count);
+    double* dxhat = scratch(Scratch::dxhat, count).data();  // [m], m = n spatial + q
     with_ops(ctx, e.first_sample, [&](auto& ops) {
-      double dgamma = 0.0, dbeta = 0.0, sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
-      for (std::size_t m = 0; m < count; ++m) {
-        const std::size_t i = at(c, m);
+      // The four sums of a channel as the lanes of one fma per element:
+      // [dgamma, dbeta, sum_dxhat, sum_dxhat_xhat] += [dy, dy, dxhat, dxhat] * [xhat, 1, 1, xhat],
+      // four elements at a time after their dxhat = dy gamma; where a group cannot be
+      // taken so, its elements' operations one by one, in the order below.
+      Double4 sums = {0.0, 0.0, 0.0, 0.0};
+      const Double4 gammas = splat(gamma.value[c]), minus_zeros = splat(-0.0);
+      auto sums_element = [&](std::size_t i, std::size_t m) {
         ops.element(s, i);
-        dgamma = ops.fma(bn, dy.v[i], saved.xhat[i], dgamma);
-        dbeta = ops.add(bn, dbeta, dy.v[i]);
+        sums[0] = ops.fma(bn, dy.v[i], saved.xhat[i], sums[0]);
+        sums[1] = ops.add(bn, sums[1], dy.v[i]);
         dxhat[m] = ops.mul(bn, dy.v[i], gamma.value[c]);
-        sum_dxhat = ops.add(bn, sum_dxhat, dxhat[m]);
-        sum_dxhat_xhat = ops.fma(bn, dxhat[m], saved.xhat[i], sum_dxhat_xhat);
+        sums[2] = ops.add(bn, sums[2], dxhat[m]);
+        sums[3] = ops.fma(bn, dxhat[m], saved.xhat[i], sums[3]);
+      };
+      for (std::size_t n = 0, m = 0; n < s.n; ++n) {
+        std::size_t q = 0;
+        for (; q + 4 <= spatial; q += 4, m += 4) {
+          const std::size_t i = n * per + c * spatial + q;
+          Double4 group_sums = sums, dxhats;
+          if (ops.vectorised([&](auto fma4) {
+                if (!fma4(bn, load4(&dy.v[i]), gammas, minus_zeros, dxhats)) return false;
+                for (std::size_t j = 0; j < 4; ++j) {
+                  const double g = dy.v[i + j], xhat = saved.xhat[i + j], d = dxhats[j];
+                  if (!fma4(bn, Double4{g, g, d, d}, Double4{xhat, 1.0, 1.0, xhat}, group_sums, group_sums))
+                    return false;
+                }
+                return true;
+              })) {
+            store4(dxhats, dxhat + m);
+            sums = group_sums;
+            continue;
+          }
+          for (std::size_t j = 0; j < 4; ++j) sums_element(i + j, m + j);
+        }
+        for (; q < spatial; ++q, ++m) sums_element(n * per + c * spatial + q, m);
       }
-      gamma.grad[c] = dgamma;
-      beta.grad[c] = dbeta;
+      gamma.grad[c] = sums[0];
+      beta.grad[c] = sums[1];
       ops.channel(c);
-      const double mean_dxhat = ops.div(bn, sum_dxhat, batch_size);
-      const double mean_dxhat_xhat = ops.div(bn, sum_dxhat_xhat, batch_size);
-      // dz = inv_std * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
-      for (std::size_t m = 0; m < count; ++m) {
-        const std::size_t i = at(c, m);
+      const double mean_dxhat = ops.div(bn, sums[2], batch_size);
+      const double mean_dxhat_xhat = ops.div(bn, sums[3], batch_size);
+      // dz = inv_std * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), four elements
+      // at a time where they can be.
+      const double inv_std = saved.inv_std[c];
+      const Double4 means = splat(mean_dxhat), means_xhat = splat(mean_dxhat_xhat), inv_stds = splat(inv_std);
+      const Double4 minus_ones = splat(-1.0), minus_zeros4 = splat(-0.0);
+      auto dz_element = [&](std::size_t i, std::size_t m) {
         ops.element(s, i);
         const double centred =
             ops.sub(bn, ops.sub(bn, dxhat[m], mean_dxhat), ops.mul(bn, saved.xhat[i], mean_dxhat_xhat));
-        dz.v[i] = ops.mul(e.formats.grad, saved.inv_std[c], centred);
+        dz.v[i] = ops.mul(e.formats.grad, inv_std, centred);
+      };
+      for (std::size_t n = 0, m = 0; n < s.n; ++n) {
+        std::size_t q = 0;
+        for (; q + 4 <= spatial; q += 4, m += 4) {
+          const std::size_t i = n * per + c * spatial + q;
+          Double4 dz4;
+          if (ops.vectorised([&](auto fma4) {
+                // sub(dxhat, mean), mul(xhat, mean_xhat), their difference, times inv_std.
+                Double4 centred_part, scaled_xhat, centred;
+                return fma4(bn, means, minus_ones, load4(dxhat + m), centred_part) &&
+                       fma4(bn, load4(&saved.xhat[i]), means_xhat, minus_zeros4, scaled_xhat) &&
+                       fma4(bn, scaled_xhat, minus_ones, centred_part, centred) &&
+                       fma4(e.formats.grad, inv_stds, centred, minus_zeros4, dz4);
+              })) {
+            store4(dz4, &dz.v[i]);
+            continue;
+          }
+          for (std::size_t j = 0; j < 4; ++j) dz_element(n * per + c * spatial + q + j, m + j);
+        }
+        for (; q < spatial; ++q, ++m) dz_element(n * per + c * spatial + q, m);
       }
       ops.clear();
     });

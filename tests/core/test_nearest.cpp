@@ -146,6 +146,13 @@ TEST_CASE("NearestOps on results at the edges: ties, the tininess band, underflo
   CHECK(check(Op::add, h, Tininess::before, 1.0 + 0x1p-10, 0x1p-11, 0));      // tie: up to even
   CHECK(check(Op::fma, fp32(), Tininess::before, 1.0 + 0x1p-23, 1.0 + 0x1p-23, 0x1p-60));  // residual above
   CHECK(check(Op::fma, fp32(), Tininess::before, 1.0 + 0x1p-23, 1.0 - 0x1p-24, -0x1p-70));
+  // Exact values that round to a float on an fp16 midpoint: rounding through float
+  // first would round twice (1 + 2^-11 + 2^-30 is above the midpoint, so up).
+  for (double sign : {1.0, -1.0}) {
+    CHECK(check(Op::add, h, Tininess::before, sign * (1.0 + 0x1p-11), sign * 0x1p-30, 0));
+    CHECK(check(Op::add, h, Tininess::before, sign * (1.0 + 0x1p-11), sign * -0x1p-30, 0));
+    CHECK(check(Op::fma, h, Tininess::before, sign * (1.0 + 0x1p-12), 1.0 + 0x1p-12, sign * -0x1p-24));
+  }
   CHECK(check(Op::div, h, Tininess::before, 1.0, 3.0, 0));
   CHECK(check(Op::sqrt, h, Tininess::before, 2.0, 0, 0));
   // Exact results: no flags; exact zeros with IEEE signs.
@@ -233,4 +240,98 @@ TEST_CASE("NearestOps on every fp16 value against 48 random fp16 partners: add, 
     }
   }
   CHECK(accepted > total / 2);
+}
+
+namespace {
+
+// fma4 on four lanes against four Context operations (fma, or add, sub and mul in the
+// forms fma4 stands for): where it answers, every lane bit for bit and the flags of the
+// four together; where it refuses, nothing raised. Returns whether it answered.
+bool check4(Op op, const Format& out, const double (&x)[4], const double (&y)[4], const double (&z)[4]) {
+  double a[4], b[4], c[4], want[4];
+  Flags flags = 0;
+  bool clean = true;
+  for (int i = 0; i < 4; ++i) {
+    Context ctx;
+    switch (op) {
+      case Op::add: a[i] = y[i], b[i] = 1.0, c[i] = x[i]; break;
+      case Op::sub: a[i] = y[i], b[i] = -1.0, c[i] = x[i]; break;
+      case Op::mul: a[i] = x[i], b[i] = y[i], c[i] = -0.0; break;
+      default: a[i] = x[i], b[i] = y[i], c[i] = z[i]; break;
+    }
+    want[i] = apply(ctx, op, out, x[i], y[i], z[i]);
+    flags |= ctx.status();
+    clean = clean && (ctx.status() & (OFLO | DIV0 | INV)) == 0 && std::isfinite(want[i]);
+  }
+  NearestOps ops;
+  Double4 got;
+  if (!ops.fma4(out, load4(a), load4(b), load4(c), got)) {
+    if (ops.flags() != 0) FAIL(op_name(op) << "4: a refused operation raised flags");
+    return false;
+  }
+  bool good = clean && ops.flags() == flags;
+  for (int i = 0; i < 4; ++i) good = good && same_bits(got[i], want[i]);
+  if (!good)
+    FAIL(op_name(op) << "4 into " << out.name() << " of lanes (" << x[0] << ", " << y[0] << ", " << z[0] << ") ... ("
+                     << x[3] << ", " << y[3] << ", " << z[3] << "): flags Context " << int{flags} << ", fma4 "
+                     << int{ops.flags()});
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("NearestOps::fma4 equals four Context operations (fma, add, sub, mul) in fp16 and fp32", "[nearest]") {
+  Rng rng(StreamId{2026, 43});
+  for (const Format& out : {fp16(), fp32()})
+    for (Op op : {Op::fma, Op::add, Op::sub, Op::mul}) {
+      Tally tally;
+      for (int i = 0; i < 40000; ++i) {
+        double x[4], y[4], z[4];
+        for (int lane = 0; lane < 4; ++lane) {
+          // Mostly ordinary lanes (so that all four often pass), with the edges of
+          // check()'s operands in one lane in sixteen.
+          const bool edges = rng.next_u64() % 16 == 0;
+          const Format& from = lane % 2 ? fp16() : out;
+          const int lo = std::max(from.emin() - from.fraction_bits(), out.emin() - out.fraction_bits() - 2);
+          const int hi = std::min(from.emax(), out.emax() + 1);
+          auto operand = [&] {
+            if (edges) return value_of(rng, from, lo, hi);
+            Context exact;
+            return exact.convert(from, (rng.next_u64() & 1 ? -1.0 : 1.0) * (1.0 + rng.uniform()) *
+                                           std::ldexp(1.0, static_cast<int>(rng.next_u64() % 9) - 4));
+          };
+          x[lane] = operand();
+          y[lane] = operand();
+          z[lane] = operand();
+          if (i % 7 == lane) y[lane] = op == Op::sub ? x[lane] : -x[lane];  // exact zeros and their signs
+          if (i % 11 == lane) z[lane] = -(x[lane] * y[lane]);
+          if (i % 13 == lane) y[lane] = x[lane] * 0x1p-11;  // ties at fp16's last bit
+          if (i % 17 == lane) y[lane] = x[lane] * 0x1p-24 * 3;
+          if (i % 19 == lane) y[lane] = x[lane] * (1 + 0x1p-40);  // inexact double products
+        }
+        ++(check4(op, out, x, y, z) ? tally.accepted : tally.refused);
+      }
+      INFO(op_name(op) << "4 into " << out.name());
+#if EMU_SIMD
+      CHECK(tally.accepted > tally.refused);
+#endif
+    }
+  // Signed zeros: x + (-x) = +0, -0 + -0 = -0, -0 * 3 = -0, (-0) * 3 + (-0) = -0.
+  CHECK(check4(Op::add, fp16(), {0.5, -0.0, 1.0, 2.0}, {-0.5, -0.0, -1.0, -2.0}, {0, 0, 0, 0}));
+  CHECK(check4(Op::mul, fp16(), {-0.0, 0.0, -0.0, 0.0}, {3.0, -3.0, -3.0, 3.0}, {0, 0, 0, 0}));
+  CHECK(check4(Op::fma, fp32(), {-0.0, 2.0, 1.0, 0.0}, {3.0, 3.0, 1.0, 1.0}, {-0.0, -6.0, -1.0, -0.0}));
+  // Midpoints reached through float (fp16) and through double (fp32): refused, never wrong.
+  CHECK_FALSE(check4(Op::add, fp16(), {1.0 + 0x1p-11, 1, 1, 1}, {0x1p-30, 1, 1, 1}, {0, 0, 0, 0}));
+  CHECK_FALSE(check4(Op::fma, fp32(), {1.0 + 0x1p-24, 1, 1, 1}, {1.0 + 0x1p-52, 1, 1, 1}, {0x1p-80, 1, 1, 1}));
+  // fp16 results below min_normal: subnormal and zero results with UFLO and INEXACT, an
+  // exact tie at the least subnormal (3 * 2^-25: up to even), exact subnormals without
+  // flags; a value rounded by float onto a subnormal midpoint, and one between the
+  // tininess rules' thresholds, refused.
+  CHECK(check4(Op::mul, fp16(), {0x1p-14, 0x1p-20, 0x1p-24, 3 * 0x1p-24}, {0.3, 0x1p-10, 0.5, 0.5}, {0, 0, 0, 0}));
+  CHECK(check4(Op::add, fp16(), {0x1p-24, -0x1p-20, 0x1p-15, 1.0}, {0x1p-24, 0x1p-21, -0x1p-16, -1.0}, {0, 0, 0, 0}));
+  CHECK_FALSE(check4(Op::add, fp16(), {0x1p-25, 1, 1, 1}, {0x1p-60, 1, 1, 1}, {0, 0, 0, 0}));
+  CHECK_FALSE(check4(Op::add, fp16(), {0x1p-14, 1, 1, 1}, {-0x1p-26, 1, 1, 1}, {0, 0, 0, 0}));
+  // Overflow and NaN in one lane: refused.
+  CHECK_FALSE(check4(Op::add, fp16(), {65504.0, 1, 1, 1}, {32.0, 1, 1, 1}, {0, 0, 0, 0}));
+  CHECK_FALSE(check4(Op::mul, fp32(), {1, 1, std::numeric_limits<double>::quiet_NaN(), 1}, {1, 1, 1, 1}, {0, 0, 0, 0}));
 }
