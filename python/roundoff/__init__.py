@@ -301,7 +301,9 @@ def _output_of_dry_run(text):
 def sweep(config, jobs=None, output=None):
     """Runs a config (a YAML path, or a dict with the same keys) with build/sweep and
     returns roundoff.results.open(output). jobs: threads (-j); output: -o."""
-    return results.open(_run_sweep(config, jobs, output))
+    path = _run_sweep(config, jobs, output)
+    from . import results  # lazily: pandas and xarray load only here
+    return results.open(path)
 
 
 _lazy = ("results", "plot", "report")
