@@ -524,6 +524,9 @@ UnitSetup unit_from(const ParsedOptions& o, std::string_view command) {
 }
 
 double convert_input(const Format& f, const Exact& x, const Context& ctx, Flags& flags) {
+  // A value already in f: rne leaves it as it is and raises nothing (the common case of
+  // inputs rounded before, e.g. from Python; skips the general rounding).
+  if (x.lo == 0.0 && !x.beyond_double && std::isfinite(x.hi) && f.representable(x.hi)) return x.hi;
   RoundSpec spec;
   spec.tininess = ctx.control.tininess;
   return emu::round(f, x, spec, nullptr, flags);

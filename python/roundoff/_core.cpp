@@ -7,7 +7,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <ctime>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -245,6 +247,53 @@ py::tuple matmul(const Doubles& A, const Doubles& B, const std::optional<Doubles
                         static_cast<int>(ctx.status()), static_cast<int>(input_flags));
 }
 
+// ---- references for benchmarks/python_bench.py -----------------------------------
+
+// The thread's CPU time (as benchmarks/gemm_bench.cpp measures).
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// Best of `repeats` CPU times of `work` after one untimed call.
+template <class Work>
+double best_time(int repeats, Work work) {
+  work();
+  double best = 1e300;
+  for (int r = 0; r < repeats; ++r) {
+    const double start = cpu_seconds();
+    work();
+    best = std::min(best, cpu_seconds() - start);
+  }
+  return best;
+}
+
+// The C++ kernel alone: round_to_float on x into a preallocated array.
+double time_round_kernel(const Floats& x, const std::string& format, const Rounding& r, int repeats) {
+  const emu::Format f = format_from(format, true);
+  const emu::Context ctx = emu::cli::context_from(parse("round", rounding_args(r)));
+  const emu::HalfRounding how(f, ctx.spec(), emu::StreamId{std::stoull(r.seed)});
+  const std::size_t n = static_cast<std::size_t>(x.size());
+  std::vector<float> out(n);
+  py::gil_scoped_release release;
+  return best_time(repeats, [&] { emu::round_to_float(how, {x.data(), n}, out); });
+}
+
+// The unit's gemm alone on inputs already in its formats (as benchmarks/gemm_bench.cpp).
+double time_unit_gemm(const Doubles& A, const Doubles& B, const std::string& unit, int repeats) {
+  const auto o = unit_options("gemm", UnitArgs{unit, std::nullopt, std::nullopt, Rounding{}});
+  const emu::cli::UnitSetup setup = emu::cli::unit_from(o, "gemm");
+  emu::Context ctx = emu::cli::context_from(o);
+  const std::size_t m = A.shape(0), k = A.shape(1), n = B.shape(1);
+  std::vector<double> c(m * n);
+  py::gil_scoped_release release;
+  return best_time(repeats, [&] {
+    std::fill(c.begin(), c.end(), 0.0);
+    setup.unit->gemm(ctx, m, n, k, A.data(), k, B.data(), n, c.data(), n);
+  });
+}
+
 std::vector<std::string> names(const char* const* list) {
   std::vector<std::string> out;
   for (; *list != nullptr; ++list) out.emplace_back(*list);
@@ -296,7 +345,8 @@ PYBIND11_MODULE(_core, m) {
     for (emu::Flag f : emu::kAllFlags) out.emplace_back(emu::flag_name(f), static_cast<int>(f));
     return out;
   });
-  m.def("trap_flags", [](const std::string& list) { return static_cast<int>(emu::cli::trap_flags(list)); });
+  m.def("time_round_kernel", &time_round_kernel);
+  m.def("time_unit_gemm", &time_unit_gemm);
 
   py::class_<ContextObject>(m, "Context")
       .def(py::init(&make_context))
