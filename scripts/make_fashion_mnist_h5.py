@@ -85,7 +85,7 @@ def main() -> int:
             return 2
     if not os.path.isdir(args.source):
         print(f"make_fashion_mnist_h5.py: {args.source}: no such directory (install Debian's "
-              "dataset-fashion-mnist: scripts/setup does)", file=sys.stderr)
+              "dataset-fashion-mnist: scripts/setup --tests does)", file=sys.stderr)
         return 2
     try:
         x, y = read_part(args.source, "train", args.train_samples)

@@ -341,8 +341,6 @@ std::vector<OptionSpec> with(std::vector<OptionSpec> base, std::initializer_list
   return base;
 }
 
-// ---- info -----------------------------------------------------------------------
-
 // The special values in one word, for people (the fields nan, has_inf, signed,
 // has_zero say the same one by one): ieee; ocp-fn (no inf, NaN S.1..1.1..1 per sign);
 // fnuz (no inf, one NaN at 0x80, no -0); fnuz+inf (P3109 signed extended); finite (no
@@ -359,14 +357,22 @@ std::string encoding_family(const Format& f) {
   return "?";
 }
 
-int info(const std::vector<std::string>& args, Output& out) {
-  const auto o = parse_options("info", args, {{"--subnormals", true}, {"--json", false}, {"--help", false}});
-  if (o.positionals.size() != 1) throw UsageError("emu info: expected one FORMAT (e.g. emu info fp16)");
-  // The format is the positional FORMAT (error messages name it so: info has no --format).
-  ParsedOptions with_format = o;
-  with_format.values["FORMAT"] = o.positionals.front();
-  const Format f = format_option(with_format, "FORMAT");
-  const std::pair<const char*, std::string> fields[] = {
+}  // namespace
+
+std::vector<OptionSpec> command_options(std::string_view command) {
+  const std::vector<OptionSpec> unit = {{"--unit", true}, {"--in", true}, {"--out", true}};
+  if (command == "info") return {{"--subnormals", true}, {"--json", false}, {"--help", false}};
+  if (command == "round" || command == "eval")
+    return with(rounding_options(), {{"--format", true}, {"--subnormals", true}, {"--trap", true}});
+  std::vector<OptionSpec> known = rounding_options();
+  if (command == "dot") known = with(std::move(known), {{"--a", true}, {"--b", true}, {"--c", true}});
+  else if (command != "gemm") throw std::logic_error("command_options: unknown command");
+  known.insert(known.end(), unit.begin(), unit.end());
+  return known;
+}
+
+std::vector<std::pair<std::string, std::string>> info_fields(const Format& f) {
+  return {
       {"name", json_string(f.name())},
       {"exponent_bits", std::to_string(f.exponent_bits())},
       {"fraction_bits", std::to_string(f.fraction_bits())},
@@ -390,10 +396,28 @@ int info(const std::vector<std::string>& args, Output& out) {
       {"finite_values", std::to_string(f.finite_values())},
       {"finite_encodings", std::to_string(f.finite_encodings())},
   };
+}
+
+std::string info_json(const Format& f) {
+  std::string line = "{";
+  for (const auto& [key, value] : info_fields(f)) line += (line.size() > 1 ? ", \"" : "\"") + key + "\": " + value;
+  return line + "}";
+}
+
+namespace {
+
+// ---- info -----------------------------------------------------------------------
+
+int info(const std::vector<std::string>& args, Output& out) {
+  const auto o = parse_options("info", args, command_options("info"));
+  if (o.positionals.size() != 1) throw UsageError("emu info: expected one FORMAT (e.g. emu info fp16)");
+  // The format is the positional FORMAT (error messages name it so: info has no --format).
+  ParsedOptions with_format = o;
+  with_format.values["FORMAT"] = o.positionals.front();
+  const Format f = format_option(with_format, "FORMAT");
+  const auto fields = info_fields(f);
   if (o.has("--json")) {
-    std::string line = "{";
-    for (const auto& [key, value] : fields) line += (line.size() > 1 ? ", \"" : "\"") + std::string(key) + "\": " + value;
-    out.line(line + "}");
+    out.line(info_json(f));
     return 0;
   }
   // For people, the limits that are powers of two also as 2^k.
@@ -407,10 +431,10 @@ int info(const std::vector<std::string>& args, Output& out) {
     if (!shown.empty() && shown.front() == '"') shown = shown.substr(1, shown.size() - 2);
     for (const auto& [power_key, v] : powers) {
       int exponent = 0;
-      if (std::strcmp(key, power_key) == 0 && std::frexp(v, &exponent) == 0.5)
+      if (key == power_key && std::frexp(v, &exponent) == 0.5)
         shown += " (2^" + std::to_string(exponent - 1) + ")";
     }
-    out.line(std::string(key) + std::string(18 - std::strlen(key), ' ') + shown);
+    out.line(key + std::string(18 - key.size(), ' ') + shown);
   }
   return 0;
 }
@@ -471,8 +495,7 @@ std::vector<Input> read_values(const std::string& command, const std::vector<std
 }
 
 int round_values(const std::vector<std::string>& args, Output& out) {
-  const auto o = parse_options("round", args,
-                               with(rounding_options(), {{"--format", true}, {"--subnormals", true}, {"--trap", true}}));
+  const auto o = parse_options("round", args, command_options("round"));
   const Format f = format_option(o);
   Context ctx = context_from(o);
   const std::string rounding = rounding_from(o);
@@ -503,8 +526,7 @@ int round_values(const std::vector<std::string>& args, Output& out) {
 }
 
 int eval(const std::vector<std::string>& args, Output& out) {
-  const auto o = parse_options("eval", args,
-                               with(rounding_options(), {{"--format", true}, {"--subnormals", true}, {"--trap", true}}));
+  const auto o = parse_options("eval", args, command_options("eval"));
   const Format f = format_option(o);
   Context ctx = context_from(o);
   const std::string rounding = rounding_from(o);
@@ -622,10 +644,7 @@ int quantize_values(const std::vector<std::string>& args, Output& out) {
 
 // ---- dot and gemm ---------------------------------------------------------------
 
-struct UnitSetup {
-  std::unique_ptr<MatrixUnit> unit;
-  std::string fixed_json;  // "unit", "in", "out", "format" (= out), "rounding" fields
-};
+}  // namespace
 
 UnitSetup unit_from(const ParsedOptions& o, std::string_view command) {
   const auto name = o.get("--unit");
@@ -652,13 +671,16 @@ UnitSetup unit_from(const ParsedOptions& o, std::string_view command) {
   return s;
 }
 
-// Rounds x into f with rne (how inputs enter a unit), collecting the flags; tininess as
-// the context says.
 double convert_input(const Format& f, const Exact& x, const Context& ctx, Flags& flags) {
+  // A value already in f: rne leaves it as it is and raises nothing (the common case of
+  // inputs rounded before, e.g. from Python; skips the general rounding).
+  if (x.lo == 0.0 && !x.beyond_double && std::isfinite(x.hi) && f.representable(x.hi)) return x.hi;
   RoundSpec spec;
   spec.tininess = ctx.control.tininess;
   return emu::round(f, x, spec, nullptr, flags);
 }
+
+namespace {
 
 std::vector<Exact> number_list(std::string_view option, const std::string& text) {
   std::vector<Exact> values;
@@ -678,12 +700,8 @@ std::vector<Exact> number_list(std::string_view option, const std::string& text)
   return values;
 }
 
-const std::vector<OptionSpec> kUnitOptions = {{"--unit", true}, {"--in", true}, {"--out", true}};
-
 int dot(const std::vector<std::string>& args, Output& out) {
-  auto known = with(rounding_options(), {{"--a", true}, {"--b", true}, {"--c", true}});
-  known.insert(known.end(), kUnitOptions.begin(), kUnitOptions.end());
-  const auto o = parse_options("dot", args, known);
+  const auto o = parse_options("dot", args, command_options("dot"));
   if (!o.positionals.empty()) throw UsageError("emu dot: unexpected argument '" + o.positionals.front() + "'");
   const auto a_text = o.get("--a"), b_text = o.get("--b");
   if (!a_text || !b_text) throw UsageError("emu dot: --a and --b are required (e.g. --a 1,2 --b 3,4)");
@@ -774,9 +792,7 @@ void expect_rows(const Matrix& m, std::size_t rows, const std::string& why) {
 }
 
 int gemm(const std::vector<std::string>& args, Output& out) {
-  auto known = rounding_options();
-  known.insert(known.end(), kUnitOptions.begin(), kUnitOptions.end());
-  const auto o = parse_options("gemm", args, known);
+  const auto o = parse_options("gemm", args, command_options("gemm"));
   if (o.positionals.size() < 2 || o.positionals.size() > 3)
     throw UsageError("emu gemm: expected the files A.txt B.txt [C.txt]");
   const UnitSetup setup = unit_from(o, "gemm");

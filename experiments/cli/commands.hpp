@@ -3,9 +3,16 @@
 #pragma once
 
 #include <cstdio>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
+
+#include "emu/arith.hpp"
+#include "emu/unit.hpp"
+#include "options.hpp"
 
 namespace emu::cli {
 
@@ -38,5 +45,27 @@ const char* help_text(const std::string& command);
 // Runs `emu COMMAND ARGS...`; returns the exit status. Throws UsageError (exit 2);
 // any other exception is a bug (exit 1).
 int run_command(const std::string& command, const std::vector<std::string>& args, Output& out);
+
+// The pieces of the subcommands that the Python module (python/roundoff) reuses, so that
+// both take the same options, give the same errors and compute the same way.
+
+// The options a subcommand accepts: "info", "round", "eval", "dot", "gemm".
+std::vector<OptionSpec> command_options(std::string_view command);
+
+// `emu info`'s fields in order, each value as JSON text; info_json joins them into the
+// one object `emu info --json` prints.
+std::vector<std::pair<std::string, std::string>> info_fields(const Format& f);
+std::string info_json(const Format& f);
+
+// The matrix unit that --unit, --in and --out name (UsageError for a bad one).
+struct UnitSetup {
+  std::unique_ptr<MatrixUnit> unit;
+  std::string fixed_json;  // "unit", "in", "out", "format" (= out), "rounding" fields
+};
+UnitSetup unit_from(const ParsedOptions& o, std::string_view command);
+
+// Rounds x into f with rne (how inputs enter a unit), collecting the flags; tininess as
+// the context says.
+double convert_input(const Format& f, const Exact& x, const Context& ctx, Flags& flags);
 
 }  // namespace emu::cli

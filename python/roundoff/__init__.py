@@ -1,5 +1,318 @@
 """roundoff: bit-exact emulation of low-precision arithmetic units, from Python.
 
-The package lives in build/python/roundoff/ after `meson compile -C build`;
+The package lives in build/python/roundoff/ after `scripts/setup --python`;
 `export PYTHONPATH=$PWD/build/python` makes `import roundoff` work.
+
+    import numpy as np, roundoff
+    y, flags = roundoff.round(np.float32([0.1, 1e-6]), "fp16", "sr", seed=7)
+    C, flags = roundoff.matmul(A, B, unit="a100")
+
+Names (formats, rounding modes, units, flags) are those of the emu calculator and
+the C++ core; bad arguments raise ValueError (or TypeError for a wrong type) with the
+message `emu` would print. Results come back as float32 arrays where every value of the
+format is a float32 (fp16, bf16, fp8, tf32, fp32, ...), else float64.
 """
+import enum as _enum
+import importlib as _importlib
+import json as _json
+import os as _os
+import subprocess as _subprocess
+import tempfile as _tempfile
+
+import numpy as _np
+
+__all__ = ["round", "bits", "from_bits", "info", "formats", "units", "Context", "Flags",
+           "FloatingPointTrap", "dot", "matmul", "sweep", "results", "plot", "report"]
+
+
+class FloatingPointTrap(FloatingPointError):
+    """An enabled trap (Context(traps=...)): the C++ TrapReport's fields.
+
+    flag      the trapping flag's name ("OFLO", "DIV0", "INV", "UFLO", "INEXACT")
+    scope     the scope path ("" from Python)
+    op        the operation ("add", "mul", "div", "fma", "sqrt", "convert", ...)
+    element   the flat C-order index of the element it computed (None for a scalar)
+    index     that element's index per dimension of the result (None for a scalar)
+    operands  the operands, as the operation names them
+    result    the would-be result under the overflow policy
+    status    the sticky Flags, the trapping flag included
+    fp_sts    the IPU's $FP_STS (bit 0 INV, bit 1 DIV0, bit 2 OFLO)
+    """
+
+    def __init__(self, flag, scope, op, element, operands, result, status, fp_sts, index=None):
+        self.flag, self.scope, self.op, self.element = flag, scope, op, element
+        self.operands, self.result = tuple(operands), result
+        self.status, self.fp_sts, self.index = Flags(status), fp_sts, index
+        where = f" at element {element}" if element is not None else ""
+        super().__init__(f"{flag} in {op}{where} (operands {', '.join(map(repr, self.operands))}), "
+                         f"would give {result!r}; $FP_STS {fp_sts:#x}; flags {self.status.names()}")
+
+    def __reduce__(self):
+        return (FloatingPointTrap, (self.flag, self.scope, self.op, self.element, self.operands,
+                                    self.result, int(self.status), self.fp_sts, self.index))
+
+
+from . import _core  # noqa: E402  (FloatingPointTrap must exist first: _core raises it)
+
+# The sticky flags, with emu's bit values (emu/status.hpp).
+Flags = _enum.IntFlag("Flags", _core.flag_names(), module=__name__)
+Flags.names = lambda self: " ".join(f.name for f in Flags if f in self) or "none"
+Flags.names.__doc__ = "The raised flags' names in emu's order (OFLO DIV0 INV UFLO INEXACT), or 'none'."
+
+
+def _text(value, name):
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    return value
+
+
+def _integer(value, name):
+    if isinstance(value, bool) or not isinstance(value, (int, _np.integer)):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    return int(value)
+
+
+def _boolean(value, name):
+    if not isinstance(value, (bool, _np.bool_)):
+        raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
+    return bool(value)
+
+
+def _rounding(rounding, seed, sr_bits, overflow, rng, tininess):
+    # Integers go to the CLI's parser as text: it checks their range and names the option.
+    return _core.Rounding(_text(rounding, "rounding"), str(_integer(seed, "seed")), str(_integer(sr_bits, "sr_bits")),
+                          _text(overflow, "overflow"), _text(rng, "rng"), _text(tininess, "tininess"))
+
+
+def _real_array(x, name):
+    a = _np.asarray(x)
+    if a.dtype.kind not in "fiub":
+        raise TypeError(f"{name} must be an array of real numbers, not of {a.dtype}")
+    return a
+
+
+def _doubles(x, name):
+    return _np.ascontiguousarray(_real_array(x, name), dtype=_np.float64)
+
+
+def round(x, format, rounding="rne", *, seed=0, sr_bits=0, subnormals=True, overflow="inf", rng="philox",
+          tininess="before"):
+    """Rounds every element of x once into `format`; returns (rounded array, Flags).
+
+    As `emu round VALUES --format F --rounding R --seed S --sr-bits K --subnormals on|off
+    --overflow P --rng G --tininess T`, element by element in C order. A float32 array
+    rounded to fp16 or bf16 with rne or sr (philox, sr_bits 0..32, tininess before) takes
+    emu's fast kernels (emu/convert.hpp): same bits and flags as emu::round, and under sr
+    the random bits of element i are a pure function of (seed, i), so the result does
+    not depend on the array's layout or on how it is cut. Any other input rounds element
+    by element through emu::round, sr drawing one stream (seed S, as `emu round --seed S`)
+    in C order. The flags are those raised by any element.
+    """
+    a = _real_array(x, "x")
+    a = _np.ascontiguousarray(a, dtype=_np.float32 if a.dtype == _np.float32 else _np.float64)
+    values, flags = _core.round(a, _text(format, "format"),
+                                _rounding(rounding, seed, sr_bits, overflow, rng, tininess),
+                                _boolean(subnormals, "subnormals"))
+    return values, Flags(flags)
+
+
+def bits(x, format, *, subnormals=True):
+    """The bit patterns of x's values in `format` (uint8/16/32/64 by the format's width).
+
+    Every element must be a value of the format (ValueError otherwise: round first);
+    NaN gives the format's canonical quiet NaN with its sign.
+    """
+    return _core.bits(_doubles(x, "x"), _text(format, "format"), _boolean(subnormals, "subnormals"))
+
+
+def from_bits(b, format, *, subnormals=True):
+    """The values that the bit patterns b encode in `format` (float32 or float64)."""
+    b = _np.asarray(b)
+    if b.dtype.kind not in "iu":
+        raise TypeError(f"b must be an array of integers, not of {b.dtype}")
+    if b.size and b.min() < 0:
+        raise ValueError("from_bits: bit patterns are non-negative integers")
+    return _core.from_bits(_np.ascontiguousarray(b, dtype=_np.uint64), _text(format, "format"),
+                           _boolean(subnormals, "subnormals"))
+
+
+def info(format, *, subnormals=True):
+    """The format's properties as a dict: the fields of `emu info FORMAT --json`."""
+    return _json.loads(_core.info_json(_text(format, "format"), _boolean(subnormals, "subnormals")))
+
+
+def formats():
+    """The preset format names (any eXmY is a format too)."""
+    return _core.formats()
+
+
+def units():
+    """The matrix units' names."""
+    return _core.units()
+
+
+def _trap_flags(traps):
+    if traps is None:
+        return ""
+    if isinstance(traps, Flags):
+        return ",".join(f.name for f in Flags if f in traps)
+    if isinstance(traps, str):
+        return traps
+    return ",".join(_text(t, "traps[...]") for t in traps)
+
+
+class Context:
+    """An FP context after the IPU's $FP_CTL/$FP_STS: element-wise arithmetic in a format.
+
+    Context(rounding="rne", esr=False, overflow="inf", traps=None, sr_bits=0, seed=0,
+            rng="philox", tininess="before", subnormals=True)
+
+    traps: flags that raise FloatingPointTrap, as "oflo,div0,inv", a list of names or
+    Flags. esr: every operation rounds stochastically ($FP_CTL.ESR). overflow "nan" is
+    the IPU's NANOO. Operations take the result's format first, then array operands
+    (broadcast together, any real dtype; operands need not be values of the format);
+    each result is the exact result rounded once, elements in C order. `flags` is the
+    sticky status; clear() clears it.
+    """
+
+    def __init__(self, rounding="rne", esr=False, overflow="inf", traps=None, sr_bits=0, seed=0, *,
+                 rng="philox", tininess="before", subnormals=True):
+        self._ctx = _core.Context(_rounding(rounding, seed, sr_bits, overflow, rng, tininess),
+                                  _boolean(esr, "esr"), _trap_flags(traps), _boolean(subnormals, "subnormals"))
+
+    @property
+    def flags(self):
+        return Flags(self._ctx.status)
+
+    def clear(self):
+        self._ctx.clear_status()
+
+    def _apply(self, name, format, *operands):
+        arrays = _np.broadcast_arrays(*(_real_array(o, f"operand {i + 1}") for i, o in enumerate(operands)))
+        arrays = [_np.ascontiguousarray(a, dtype=_np.float64) for a in arrays]
+        try:
+            return getattr(self._ctx, name)(_text(format, "format"), *arrays)
+        except FloatingPointTrap as trap:
+            if trap.element is not None and arrays[0].ndim > 0:
+                trap.index = tuple(int(i) for i in _np.unravel_index(trap.element, arrays[0].shape))
+            raise
+
+    def add(self, format, a, b):
+        return self._apply("add", format, a, b)
+
+    def sub(self, format, a, b):
+        return self._apply("sub", format, a, b)
+
+    def mul(self, format, a, b):
+        return self._apply("mul", format, a, b)
+
+    def div(self, format, a, b):
+        return self._apply("div", format, a, b)
+
+    def fma(self, format, a, b, c):
+        """a*b + c with one rounding."""
+        return self._apply("fma", format, a, b, c)
+
+    def sqrt(self, format, a):
+        return self._apply("sqrt", format, a)
+
+    def convert(self, format, a):
+        return self._apply("convert", format, a)
+
+
+def _unit_args(unit, in_format, out_format, rounding, seed, sr_bits, overflow, rng, tininess):
+    optional = lambda v, n: None if v is None else _text(v, n)  # noqa: E731
+    return _core.UnitArgs(_text(unit, "unit"), optional(in_format, "in_format"), optional(out_format, "out_format"),
+                          _rounding(rounding, seed, sr_bits, overflow, rng, tininess))
+
+
+def dot(a, b, c=0, *, unit, in_format=None, out_format=None, rounding="rne", seed=0, sr_bits=0, overflow="inf",
+        rng="philox", tininess="before"):
+    """c + sum a_i*b_i as `unit` computes it; returns (value, Flags), as `emu dot`.
+
+    a and b are rounded into the unit's input format and c into its output format with
+    rne first (in_format/out_format as --in/--out); the flags are those of the unit's
+    computation and of those conversions (`emu dot`'s flags and input_flags together).
+    The value is a Python float (a value of the output format).
+    """
+    a, b = _doubles(a, "a").ravel(), _doubles(b, "b").ravel()
+    c = _real_array(c, "c")
+    if c.ndim != 0:
+        raise ValueError("dot: c must be a scalar")
+    value, flags, input_flags, _ = _core.dot(a, b, float(c),
+                                             _unit_args(unit, in_format, out_format, rounding, seed, sr_bits,
+                                                        overflow, rng, tininess))
+    return value, Flags(flags | input_flags)
+
+
+def matmul(A, B, C=None, *, unit, in_format=None, out_format=None, rounding="rne", seed=0, sr_bits=0,
+           overflow="inf", rng="philox", tininess="before"):
+    """A @ B + C through `unit`; returns (matrix, Flags), element for element as `emu gemm`.
+
+    A (m x k) and B (k x n) are rounded into the unit's input format and C (default zero)
+    into its output format with rne; the flags are those of every element's computation
+    and of those conversions.
+    """
+    args = _unit_args(unit, in_format, out_format, rounding, seed, sr_bits, overflow, rng, tininess)
+    C = None if C is None else _doubles(C, "C")
+    result, flags, input_flags = _core.matmul(_doubles(A, "A"), _doubles(B, "B"), C, args)
+    return result, Flags(flags | input_flags)
+
+
+def _run_sweep(config, jobs=None, output=None):
+    """Runs build/sweep on config (a path, or a dict written to a temporary YAML file);
+    returns the output path. Errors: ValueError with sweep's message (its exit status 2)."""
+    args = [_core.sweep_path]
+    with _tempfile.TemporaryDirectory(prefix="roundoff-sweep-") as folder:
+        if isinstance(config, dict):
+            if output is None and "output" not in config:
+                raise ValueError("sweep: a config given as a dict needs 'output' (or output=...)")
+            path = _os.path.join(folder, "config.yaml")
+            with open(path, "w") as f:
+                _json.dump(config, f)  # JSON is YAML
+        elif isinstance(config, (str, _os.PathLike)):
+            path = _os.fspath(config)
+        else:
+            raise TypeError(f"config must be a path or a dict, not {type(config).__name__}")
+        args.append(path)
+        if jobs is not None:
+            args += ["-j", str(_integer(jobs, "jobs"))]
+        if output is not None:
+            args += ["-o", _os.fspath(output)]
+        args.append("--quiet")
+        done = _subprocess.run(args, capture_output=True, text=True)
+        if done.returncode == 2:
+            raise ValueError(done.stderr.strip())
+        if done.returncode != 0:
+            raise RuntimeError(f"sweep exited with status {done.returncode}: {done.stderr.strip()}")
+        if output is None:
+            plan = _subprocess.run([_core.sweep_path, path, "--dry-run"], capture_output=True, text=True)
+            output = _output_of_dry_run(plan.stdout)
+    return _os.fspath(output)
+
+
+def _output_of_dry_run(text):
+    for line in text.splitlines():
+        if line.startswith("output: "):
+            return line[len("output: "):]
+    raise RuntimeError("sweep --dry-run did not name the output")
+
+
+def sweep(config, jobs=None, output=None):
+    """Runs a config (a YAML path, or a dict with the same keys) with build/sweep and
+    returns roundoff.results.open(output). jobs: threads (-j); output: -o."""
+    path = _run_sweep(config, jobs, output)
+    from . import results  # lazily: pandas and xarray load only here
+    return results.open(path)
+
+
+_lazy = ("results", "plot", "report")
+
+
+def __getattr__(name):
+    # The submodules need pandas, xarray and matplotlib: loaded on first use (PEP 562).
+    if name in _lazy:
+        module = _importlib.import_module(f".{name}", __name__)
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

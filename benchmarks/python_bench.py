@@ -1,0 +1,65 @@
+"""The Python module's speed (issue 12), as ratios to references measured in the same run,
+single thread, thread CPU time, best of N after a warm-up call:
+  - 10^7 float32 values rounded to fp16 through roundoff.round, rne and sr, against
+    numpy's astype(np.float16) and against emu's C++ kernel (round_to_float) alone;
+    targets: rne at least 5x numpy's speed, both within 1.25x of the kernel's time;
+  - a 256^3 matmul through every unit (roundoff.matmul: input conversion, the unit's
+    gemm, the result array) against the unit's C++ gemm alone on the same fp16 inputs,
+    as benchmarks/gemm_bench.cpp times it; target: within 1.1x.
+Run: meson test -C build --benchmark --verbose python   (or with PYTHONPATH=build/python)
+"""
+import time
+
+import numpy as np
+
+import roundoff
+from roundoff import _core
+
+
+def best_time(work, repeats):
+    work()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.thread_time()
+        work()
+        best = min(best, time.thread_time() - start)
+    return best
+
+
+def main():
+    n = 10**7
+    x = (np.random.default_rng(1).standard_normal(n) * 100).astype(np.float32)
+    numpy_s = best_time(lambda: x.astype(np.float16), 5)
+    print(f"round 10^7 float32 -> fp16, single thread (thread CPU time, best of 5)")
+    print(f"  numpy astype(np.float16): {numpy_s * 1e3:8.2f} ms  {n / numpy_s / 1e9:6.3f} Gelem/s")
+    failed = []
+    for mode in ["rne", "sr"]:
+        kernel_s = _core.time_round_kernel(x, "fp16", _core.Rounding(mode, "0", "0", "inf", "philox", "before"), 5)
+        python_s = best_time(lambda: roundoff.round(x, "fp16", mode), 5)
+        vs_numpy, vs_kernel = numpy_s / python_s, python_s / kernel_s
+        print(f"  roundoff.round {mode}: {python_s * 1e3:8.2f} ms  {n / python_s / 1e9:6.3f} Gelem/s;"
+              f"  {vs_numpy:5.2f}x numpy's speed; time {vs_kernel:5.3f}x the C++ kernel's"
+              f" ({kernel_s * 1e3:.2f} ms)")
+        if mode == "rne" and vs_numpy < 5:
+            failed.append(f"round rne {vs_numpy:.2f}x numpy (target >= 5x)")
+        if vs_kernel > 1.25:
+            failed.append(f"round {mode} {vs_kernel:.3f}x the kernel (target <= 1.25x)")
+
+    size = 256
+    rng = np.random.default_rng(2)
+    A = roundoff.round(rng.standard_normal((size, size)), "fp16")[0].astype(np.float64)
+    B = roundoff.round(rng.standard_normal((size, size)), "fp16")[0].astype(np.float64)
+    print(f"\nmatmul {size}^3 on fp16 inputs, single thread: roundoff.matmul against the unit's C++ gemm")
+    for unit in roundoff.units():
+        repeats = 3
+        cpp_s = _core.time_unit_gemm(A, B, unit, repeats)
+        python_s = best_time(lambda: roundoff.matmul(A, B, unit=unit), repeats)
+        ratio = python_s / cpp_s
+        print(f"  {unit:13s} C++ {cpp_s * 1e3:9.2f} ms  Python {python_s * 1e3:9.2f} ms  {ratio:6.3f}x")
+        if ratio > 1.1:
+            failed.append(f"matmul {unit} {ratio:.3f}x (target <= 1.1x)")
+    print("\ntargets: " + ("all met" if not failed else "NOT MET: " + "; ".join(failed)))
+
+
+if __name__ == "__main__":
+    main()

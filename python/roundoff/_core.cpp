@@ -1,0 +1,390 @@
+// roundoff._core: the C++ core for Python. Every function reaches emu through the same
+// code as the emu calculator: the options are given to the CLI's own parser (so the
+// checks and error messages are the CLI's), contexts come from its context_from, units
+// from its unit_from, unit inputs through its convert_input. Python-side argument
+// handling (dtypes, shapes, broadcasting, the Flags type) lives in __init__.py.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <ctime>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "number.hpp"
+#include "emu/arith.hpp"
+#include "emu/convert.hpp"
+#include "emu/format.hpp"
+#include "emu/unit.hpp"
+#include "options.hpp"
+
+namespace py = pybind11;
+using emu::cli::UsageError;
+
+namespace {
+
+using Doubles = py::array_t<double, py::array::c_style | py::array::forcecast>;
+using Floats = py::array_t<float, py::array::c_style>;
+
+// The rounding options as `emu round` spells them on its command line.
+struct Rounding {
+  std::string rounding = "rne";
+  std::string seed = "0";  // as text: the CLI's parser checks the range and says so
+  std::string sr_bits = "0";
+  std::string overflow = "inf";
+  std::string rng = "philox";
+  std::string tininess = "before";
+};
+
+std::vector<std::string> rounding_args(const Rounding& r) {
+  return {"--rounding", r.rounding, "--seed", r.seed,   "--sr-bits",  r.sr_bits,
+          "--overflow", r.overflow, "--rng",  r.rng,    "--tininess", r.tininess};
+}
+
+emu::cli::ParsedOptions parse(const char* command, std::vector<std::string> args) {
+  return emu::cli::parse_options(command, args, emu::cli::command_options(command));
+}
+
+emu::Format format_from(const std::string& name, bool subnormals) {
+  return emu::cli::format_option(parse("round", {"--format", name, "--subnormals", subnormals ? "on" : "off"}));
+}
+
+// Whether every value of f is a float32 (then results come back as float32).
+bool fits_float32(const emu::Format& f) {
+  return f.emax() <= 127 && f.fraction_bits() <= 23 && f.emin() - f.fraction_bits() >= -149;
+}
+
+py::array result_array(const emu::Format& f, const std::vector<double>& values, const std::vector<py::ssize_t>& shape) {
+  if (fits_float32(f)) {
+    py::array_t<float> out(shape);
+    float* o = out.mutable_data();
+    for (std::size_t i = 0; i < values.size(); ++i) o[i] = static_cast<float>(values[i]);
+    return out;
+  }
+  py::array_t<double> out(shape);
+  std::memcpy(out.mutable_data(), values.data(), values.size() * sizeof(double));
+  return out;
+}
+
+std::vector<py::ssize_t> shape_of(const py::array& a) { return {a.shape(), a.shape() + a.ndim()}; }
+
+// ---- round, bits, from_bits -------------------------------------------------------
+
+// float32 input: the fast fp16/bf16 kernels where they apply (their sr stream is a pure
+// function of the seed and the element's index); any other input or format: element by
+// element through emu::round in C order, sr drawing from the stream `emu round --seed`
+// uses, exactly as the calculator does.
+py::tuple round_values(const py::array& x, const std::string& format, const Rounding& r, bool subnormals) {
+  const emu::Format f = format_from(format, subnormals);
+  emu::Context ctx = emu::cli::context_from(parse("round", rounding_args(r)));
+  const emu::RoundSpec spec = ctx.spec();
+  const auto shape = shape_of(x);
+  if (py::isinstance<Floats>(x) && r.rng == "philox" && emu::HalfRounding::supports(f, spec)) {
+    const emu::HalfRounding how(f, spec, emu::StreamId{std::stoull(r.seed)});  // checked by context_from
+    const Floats in = Floats::ensure(x);
+    Floats out(shape);
+    const std::size_t n = static_cast<std::size_t>(in.size());
+    emu::Flags flags;
+    {
+      py::gil_scoped_release release;
+      flags = emu::round_to_float(how, {in.data(), n}, {out.mutable_data(), n});
+    }
+    return py::make_tuple(out, static_cast<int>(flags));
+  }
+  const Doubles in = Doubles::ensure(x);
+  const std::size_t n = static_cast<std::size_t>(in.size());
+  std::vector<double> values(n);
+  emu::Flags flags;
+  {
+    py::gil_scoped_release release;
+    flags = emu::round_array(f, spec, {in.data(), n}, values, &ctx.rng());
+  }
+  return py::make_tuple(result_array(f, values, shape), static_cast<int>(flags));
+}
+
+py::array bits(const Doubles& x, const std::string& format, bool subnormals) {
+  const emu::Format f = format_from(format, subnormals);
+  const std::size_t n = static_cast<std::size_t>(x.size());
+  std::vector<std::uint64_t> b(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double v = x.data()[i];
+    if (!f.representable(v))
+      throw py::value_error("bits: element " + std::to_string(i) + " (" + emu::cli::json_number(v) + ") is not a value of " +
+                            format + ": round it first (roundoff.round)");
+    b[i] = f.encode(v);
+  }
+  const auto shape = shape_of(x);
+  auto fill = [&](auto out) -> py::array {
+    for (std::size_t i = 0; i < n; ++i) out.mutable_data()[i] = static_cast<typename decltype(out)::value_type>(b[i]);
+    return out;
+  };
+  if (f.width() <= 8) return fill(py::array_t<std::uint8_t>(shape));
+  if (f.width() <= 16) return fill(py::array_t<std::uint16_t>(shape));
+  if (f.width() <= 32) return fill(py::array_t<std::uint32_t>(shape));
+  return fill(py::array_t<std::uint64_t>(shape));
+}
+
+py::array from_bits(const py::array_t<std::uint64_t, py::array::c_style | py::array::forcecast>& b,
+                    const std::string& format, bool subnormals) {
+  const emu::Format f = format_from(format, subnormals);
+  const std::size_t n = static_cast<std::size_t>(b.size());
+  std::vector<double> values(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t v = b.data()[i];
+    if ((v & ~f.all_mask()) != 0)
+      throw py::value_error("from_bits: element " + std::to_string(i) + " (" + std::to_string(v) + ") has bits beyond " +
+                            format + "'s " + std::to_string(f.width()));
+    values[i] = f.decode(v);
+  }
+  return result_array(f, values, shape_of(b));
+}
+
+// ---- Context ------------------------------------------------------------------------
+
+struct ContextObject {
+  emu::Context ctx;
+  bool subnormals;
+};
+
+ContextObject make_context(const Rounding& r, bool esr, const std::string& traps, bool subnormals) {
+  std::vector<std::string> args = rounding_args(r);
+  if (!traps.empty()) args.insert(args.end(), {"--trap", traps});
+  ContextObject c{emu::cli::context_from(parse("round", args)), subnormals};
+  c.ctx.control.esr = esr;
+  return c;
+}
+
+// Applies op element by element to equally shaped C-order operands (the caller
+// broadcasts), each element known to the context (a trap names it).
+template <class Op>
+py::array elementwise(ContextObject& c, const std::string& format, const std::vector<Doubles>& operands, Op op) {
+  const emu::Format f = format_from(format, c.subnormals);
+  const auto shape = shape_of(operands.front());
+  const std::size_t n = static_cast<std::size_t>(operands.front().size());
+  std::vector<const double*> in;
+  for (const auto& a : operands) in.push_back(a.data());
+  std::vector<double> values(n);
+  {
+    py::gil_scoped_release release;
+    for (std::size_t i = 0; i < n; ++i) {
+      emu::ElementGuard element(c.ctx, static_cast<std::int64_t>(i));
+      values[i] = op(c.ctx, f, in, i);
+    }
+  }
+  return result_array(f, values, shape);
+}
+
+// ---- dot and matmul -----------------------------------------------------------------
+
+struct UnitArgs {
+  std::string unit;
+  std::optional<std::string> in, out;
+  Rounding rounding;
+};
+
+emu::cli::ParsedOptions unit_options(const char* command, const UnitArgs& u) {
+  std::vector<std::string> args = rounding_args(u.rounding);
+  args.insert(args.end(), {"--unit", u.unit});
+  if (u.in) args.insert(args.end(), {"--in", *u.in});
+  if (u.out) args.insert(args.end(), {"--out", *u.out});
+  return parse(command, args);
+}
+
+py::tuple dot(const Doubles& a, const Doubles& b, double c_value, const UnitArgs& u) {
+  const auto o = unit_options("dot", u);
+  const emu::cli::UnitSetup setup = emu::cli::unit_from(o, "dot");
+  emu::Context ctx = emu::cli::context_from(o);
+  if (a.size() != b.size())
+    throw UsageError("emu dot: --a has " + std::to_string(a.size()) + " values but --b has " + std::to_string(b.size()));
+  const std::size_t k = static_cast<std::size_t>(a.size());
+  emu::Flags input_flags = 0;
+  std::vector<double> av(k), bv(k);
+  double v;
+  {
+    py::gil_scoped_release release;
+    for (std::size_t i = 0; i < k; ++i) {
+      av[i] = emu::cli::convert_input(setup.unit->input_format(), emu::Exact{a.data()[i]}, ctx, input_flags);
+      bv[i] = emu::cli::convert_input(setup.unit->input_format(), emu::Exact{b.data()[i]}, ctx, input_flags);
+    }
+    const double c = emu::cli::convert_input(setup.unit->output_format(), emu::Exact{c_value}, ctx, input_flags);
+    v = setup.unit->dot(ctx, k, av.data(), 1, bv.data(), 1, c);
+  }
+  return py::make_tuple(v, static_cast<int>(ctx.status()), static_cast<int>(input_flags),
+                        setup.unit->output_format().name());
+}
+
+py::tuple matmul(const Doubles& A, const Doubles& B, const std::optional<Doubles>& C, const UnitArgs& u) {
+  const auto o = unit_options("gemm", u);
+  const emu::cli::UnitSetup setup = emu::cli::unit_from(o, "gemm");
+  emu::Context ctx = emu::cli::context_from(o);
+  if (A.ndim() != 2 || B.ndim() != 2 || (C && C->ndim() != 2))
+    throw py::value_error("matmul: A, B and C must be matrices (2 dimensions)");
+  const std::size_t m = A.shape(0), k = A.shape(1), n = B.shape(1);
+  if (static_cast<std::size_t>(B.shape(0)) != k)
+    throw UsageError("matmul: B has " + std::to_string(B.shape(0)) + " rows, but A*B with A (" + std::to_string(k) +
+                     " columns) needs " + std::to_string(k));
+  if (C && (static_cast<std::size_t>(C->shape(0)) != m || static_cast<std::size_t>(C->shape(1)) != n))
+    throw UsageError("matmul: C is " + std::to_string(C->shape(0)) + " x " + std::to_string(C->shape(1)) +
+                     ", but A*B + C needs " + std::to_string(m) + " x " + std::to_string(n));
+  const emu::Format& in = setup.unit->input_format();
+  const emu::Format& out = setup.unit->output_format();
+  std::vector<double> a(m * k), b(k * n), c(m * n, 0.0);
+  emu::Flags input_flags = 0;
+  {
+    py::gil_scoped_release release;
+    for (std::size_t e = 0; e < m * k; ++e) a[e] = emu::cli::convert_input(in, emu::Exact{A.data()[e]}, ctx, input_flags);
+    for (std::size_t e = 0; e < k * n; ++e) b[e] = emu::cli::convert_input(in, emu::Exact{B.data()[e]}, ctx, input_flags);
+    if (C)
+      for (std::size_t e = 0; e < m * n; ++e) c[e] = emu::cli::convert_input(out, emu::Exact{C->data()[e]}, ctx, input_flags);
+    setup.unit->gemm(ctx, m, n, k, a.data(), k, b.data(), n, c.data(), n);
+  }
+  return py::make_tuple(result_array(out, c, {static_cast<py::ssize_t>(m), static_cast<py::ssize_t>(n)}),
+                        static_cast<int>(ctx.status()), static_cast<int>(input_flags));
+}
+
+// ---- references for benchmarks/python_bench.py -----------------------------------
+
+// The thread's CPU time (as benchmarks/gemm_bench.cpp measures).
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// Best of `repeats` CPU times of `work` after one untimed call.
+template <class Work>
+double best_time(int repeats, Work work) {
+  work();
+  double best = 1e300;
+  for (int r = 0; r < repeats; ++r) {
+    const double start = cpu_seconds();
+    work();
+    best = std::min(best, cpu_seconds() - start);
+  }
+  return best;
+}
+
+// The C++ kernel alone: round_to_float on x into a preallocated array.
+double time_round_kernel(const Floats& x, const std::string& format, const Rounding& r, int repeats) {
+  const emu::Format f = format_from(format, true);
+  const emu::Context ctx = emu::cli::context_from(parse("round", rounding_args(r)));
+  const emu::HalfRounding how(f, ctx.spec(), emu::StreamId{std::stoull(r.seed)});
+  const std::size_t n = static_cast<std::size_t>(x.size());
+  std::vector<float> out(n);
+  py::gil_scoped_release release;
+  return best_time(repeats, [&] { emu::round_to_float(how, {x.data(), n}, out); });
+}
+
+// The unit's gemm alone on inputs already in its formats (as benchmarks/gemm_bench.cpp).
+double time_unit_gemm(const Doubles& A, const Doubles& B, const std::string& unit, int repeats) {
+  const auto o = unit_options("gemm", UnitArgs{unit, std::nullopt, std::nullopt, Rounding{}});
+  const emu::cli::UnitSetup setup = emu::cli::unit_from(o, "gemm");
+  emu::Context ctx = emu::cli::context_from(o);
+  const std::size_t m = A.shape(0), k = A.shape(1), n = B.shape(1);
+  std::vector<double> c(m * n);
+  py::gil_scoped_release release;
+  return best_time(repeats, [&] {
+    std::fill(c.begin(), c.end(), 0.0);
+    setup.unit->gemm(ctx, m, n, k, A.data(), k, B.data(), n, c.data(), n);
+  });
+}
+
+std::vector<std::string> names(const char* const* list) {
+  std::vector<std::string> out;
+  for (; *list != nullptr; ++list) out.emplace_back(*list);
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "roundoff's C++ core (use the roundoff package, not this module)";
+  m.attr("sweep_path") = ROUNDOFF_SWEEP;
+
+  // The CLI's bad-input errors (exit status 2 there) are ValueErrors here, same message.
+  py::register_exception<UsageError>(m, "UsageError", PyExc_ValueError);
+
+  // An enabled trap: FloatingPointTrap (defined in roundoff/__init__.py, a
+  // FloatingPointError) built from the C++ TrapReport's fields.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const emu::FpException& e) {
+      const emu::TrapReport& r = e.report();
+      const py::object element = r.element.known() ? py::object(py::int_(r.element.flat)) : py::object(py::none());
+      const py::object trap = py::module_::import("roundoff").attr("FloatingPointTrap")(
+          emu::flag_name(r.flag), r.scope, r.op, element, py::tuple(py::cast(r.operands)), r.result,
+          static_cast<int>(r.status), r.fp_sts());
+      PyErr_SetObject(trap.get_type().ptr(), trap.ptr());
+    }
+  });
+
+  py::class_<Rounding>(m, "Rounding")
+      .def(py::init<std::string, std::string, std::string, std::string, std::string, std::string>(), py::arg("rounding"),
+           py::arg("seed"), py::arg("sr_bits"), py::arg("overflow"), py::arg("rng"), py::arg("tininess"));
+  py::class_<UnitArgs>(m, "UnitArgs")
+      .def(py::init<std::string, std::optional<std::string>, std::optional<std::string>, Rounding>());
+
+  m.def("round", &round_values, py::arg("x"), py::arg("format"), py::arg("rounding"), py::arg("subnormals"));
+  m.def("bits", &bits, py::arg("x"), py::arg("format"), py::arg("subnormals"));
+  m.def("from_bits", &from_bits, py::arg("b"), py::arg("format"), py::arg("subnormals"));
+  m.def("info_json", [](const std::string& format, bool subnormals) {
+    return emu::cli::info_json(format_from(format, subnormals));
+  });
+  m.def("formats", [] { return names(emu::format_names()); });
+  m.def("units", [] { return names(emu::unit_names()); });
+  m.def("dot", &dot);
+  m.def("matmul", &matmul);
+  m.def("flag_names", [] {
+    std::vector<std::pair<std::string, int>> out;
+    for (emu::Flag f : emu::kAllFlags) out.emplace_back(emu::flag_name(f), static_cast<int>(f));
+    return out;
+  });
+  m.def("time_round_kernel", &time_round_kernel);
+  m.def("time_unit_gemm", &time_unit_gemm);
+
+  py::class_<ContextObject>(m, "Context")
+      .def(py::init(&make_context))
+      .def_property_readonly("status", [](const ContextObject& c) { return static_cast<int>(c.ctx.status()); })
+      .def("clear_status", [](ContextObject& c) { c.ctx.clear_status(); })
+      .def("add", [](ContextObject& c, const std::string& f, const Doubles& a, const Doubles& b) {
+        return elementwise(c, f, {a, b}, [](emu::Context& x, const emu::Format& f, auto& in, std::size_t i) {
+          return x.add(f, in[0][i], in[1][i]);
+        });
+      })
+      .def("sub", [](ContextObject& c, const std::string& f, const Doubles& a, const Doubles& b) {
+        return elementwise(c, f, {a, b}, [](emu::Context& x, const emu::Format& f, auto& in, std::size_t i) {
+          return x.sub(f, in[0][i], in[1][i]);
+        });
+      })
+      .def("mul", [](ContextObject& c, const std::string& f, const Doubles& a, const Doubles& b) {
+        return elementwise(c, f, {a, b}, [](emu::Context& x, const emu::Format& f, auto& in, std::size_t i) {
+          return x.mul(f, in[0][i], in[1][i]);
+        });
+      })
+      .def("div", [](ContextObject& c, const std::string& f, const Doubles& a, const Doubles& b) {
+        return elementwise(c, f, {a, b}, [](emu::Context& x, const emu::Format& f, auto& in, std::size_t i) {
+          return x.div(f, in[0][i], in[1][i]);
+        });
+      })
+      .def("fma", [](ContextObject& c, const std::string& f, const Doubles& a, const Doubles& b, const Doubles& d) {
+        return elementwise(c, f, {a, b, d}, [](emu::Context& x, const emu::Format& f, auto& in, std::size_t i) {
+          return x.fma(f, in[0][i], in[1][i], in[2][i]);
+        });
+      })
+      .def("sqrt", [](ContextObject& c, const std::string& f, const Doubles& a) {
+        return elementwise(c, f, {a}, [](emu::Context& x, const emu::Format& f, auto& in, std::size_t i) {
+          return x.sqrt(f, in[0][i]);
+        });
+      })
+      .def("convert", [](ContextObject& c, const std::string& f, const Doubles& a) {
+        return elementwise(c, f, {a}, [](emu::Context& x, const emu::Format& f, auto& in, std::size_t i) {
+          return x.convert(f, in[0][i]);
+        });
+      });
+}

@@ -1,0 +1,326 @@
+"""roundoff's Python API against the emu calculator (EMU, passed by meson) on the same
+inputs, against exact arithmetic (fractions.Fraction) and numpy.float16, and its errors."""
+import json
+import math
+import os
+import subprocess
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import roundoff
+
+EMU = os.environ.get("EMU", "build/emu")
+
+
+def emu(*args):
+    done = subprocess.run([EMU, *map(str, args), "--json"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def emu_value(v):
+    return {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}.get(v, v) if isinstance(v, str) else v
+
+
+def flags_of(names):
+    flags = roundoff.Flags(0)
+    for name in names:
+        flags |= roundoff.Flags[name]
+    return flags
+
+
+# Values that exercise normal, subnormal, underflowing, overflowing, tie and special cases.
+SAMPLE = [0.1, -0.1, 1.0, 0.0004, 1e-6, -3e-8, 6.1e-5, 65504.0, 65520.0, 70000.0, -1e30, 0.0, -0.0,
+          1.0009765625, 1.00146484375, 2.5e-39, math.inf, -math.inf, math.nan, 3.14159, 1e-45]
+
+
+@pytest.mark.parametrize("format", ["fp16", "bf16", "fp8-e4m3", "fp8-e5m2", "tf32", "fp32", "e3m2"])
+@pytest.mark.parametrize("rounding", ["rne", "rna", "rz", "ru", "rd", "ro", "sr"])
+def test_round_matches_emu_round(format, rounding):
+    # float64 input: element by element as `emu round`, sr from the same seeded stream.
+    values, flags = roundoff.round(np.array(SAMPLE), format, rounding, seed=11)
+    expected = emu("round", *map(repr, SAMPLE), "--format", format, "--rounding", rounding, "--seed", 11)
+    all_flags = roundoff.Flags(0)
+    for got, want in zip(values.tolist(), expected):
+        want_value = emu_value(want["value"])
+        assert (math.isnan(got) and math.isnan(want_value)) or got == want_value, (got, want)
+        all_flags |= flags_of(want["flags"])
+    assert flags == all_flags
+    bits = roundoff.bits(values, format)
+    assert [int(b) for b in bits] == [int(w["bits"], 16) for w in expected]
+
+
+@pytest.mark.parametrize("options", [dict(subnormals=False), dict(overflow="saturate"), dict(overflow="nan"),
+                                     dict(rng="ipu", rounding="sr", seed=5), dict(rounding="sr", sr_bits=3),
+                                     dict(tininess="after")])
+def test_round_options_match_emu(options):
+    cli = {"subnormals": lambda v: ["--subnormals", "on" if v else "off"], "overflow": lambda v: ["--overflow", v],
+           "rng": lambda v: ["--rng", v], "rounding": lambda v: ["--rounding", v], "seed": lambda v: ["--seed", v],
+           "sr_bits": lambda v: ["--sr-bits", v], "tininess": lambda v: ["--tininess", v]}
+    args = [a for k, v in options.items() for a in cli[k](v)]
+    values, _ = roundoff.round(np.array(SAMPLE), "fp16", **options)
+    expected = emu("round", *map(repr, SAMPLE), "--format", "fp16", *args)
+    assert roundoff.bits(values, "fp16").tolist() == [int(w["bits"], 16) for w in expected]
+
+
+def test_float32_kernel_equals_scalar_rounding_for_rne():
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(20000) * np.exp2(rng.integers(-30, 20, 20000))).astype(np.float32)
+    for format in ["fp16", "bf16"]:
+        for subnormals in [True, False]:
+            fast, fast_flags = roundoff.round(x, format, subnormals=subnormals)
+            slow, slow_flags = roundoff.round(x.astype(np.float64), format, subnormals=subnormals)
+            assert fast.dtype == np.float32
+            np.testing.assert_array_equal(fast, slow)
+            assert fast_flags == slow_flags
+
+
+def test_sr_kernel_does_not_depend_on_layout():
+    x = np.random.default_rng(2).standard_normal((64, 48)).astype(np.float32)
+    a, _ = roundoff.round(x, "bf16", "sr", seed=9)
+    b, _ = roundoff.round(np.asfortranarray(x), "bf16", "sr", seed=9)
+    c, _ = roundoff.round(x.ravel(), "bf16", "sr", seed=9)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a.ravel(), c)
+    d, _ = roundoff.round(x, "bf16", "sr", seed=10)
+    assert not np.array_equal(a, d)
+
+
+def exact_round(x, format, mode):
+    """The oracle: x (a Fraction) rounded into the format by the definition."""
+    info = roundoff.info(format)
+    p, emin = info["precision"], info["emin"]
+    if x == 0:
+        return Fraction(0)
+    sign = -1 if x < 0 else 1
+    m = abs(x)
+    e = math.floor(math.log2(m))
+    while Fraction(2) ** e > m:
+        e -= 1
+    while Fraction(2) ** (e + 1) <= m:
+        e += 1
+    q = max(e, emin) - (p - 1)
+    scaled = m / Fraction(2) ** q
+    n = math.floor(scaled)
+    frac = scaled - n
+    up = {"rne": frac > Fraction(1, 2) or (frac == Fraction(1, 2) and n % 2 == 1),
+          "rna": frac >= Fraction(1, 2), "rz": False, "ru": frac > 0 and sign > 0, "rd": frac > 0 and sign < 0,
+          "ro": frac > 0 and n % 2 == 0}[mode]
+    r = Fraction(n + up) * Fraction(2) ** q
+    if r > Fraction(info["max"]):
+        towards_zero = mode == "rz" or mode == "ro" or (mode == "ru" and sign < 0) or (mode == "rd" and sign > 0)
+        return sign * Fraction(info["max"]) if towards_zero else sign * math.inf
+    return sign * r
+
+
+finite_doubles = st.floats(allow_nan=False, allow_infinity=False, min_value=-1e6, max_value=1e6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(x=finite_doubles, mode=st.sampled_from(["rne", "rna", "rz", "ru", "rd", "ro"]),
+       format=st.sampled_from(["fp16", "bf16", "fp8-e4m3", "fp8-e5m2", "e4m5"]))
+def test_every_mode_against_exact_fractions(x, mode, format):
+    got, flags = roundoff.round(np.array([x]), format, mode)
+    want = exact_round(Fraction(x), format, mode)
+    got = float(got[0])
+    if isinstance(want, float):  # overflow
+        assert (math.isinf(got) or math.isnan(got)) and roundoff.Flags.OFLO in flags
+    else:
+        assert Fraction(got) == want
+        assert (roundoff.Flags.INEXACT in flags) == (want != Fraction(x))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(width=32, allow_nan=False), min_size=1, max_size=50))
+def test_rne_matches_numpy_float16(values):
+    x = np.array(values, dtype=np.float32)
+    got, _ = roundoff.round(x, "fp16")
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16)
+    np.testing.assert_array_equal(roundoff.bits(got, "fp16"), want.view(np.uint16))
+
+
+@pytest.mark.parametrize("x,dtype", [(1 + 2**-12, np.float32), (1 + 3 * 2**-13, np.float64), (2**-20 + 2**-26, np.float64)])
+def test_sr_frequency_within_binomial_bound(x, dtype):
+    # x lies between two fp16 values; P(up) is its distance from the lower one in ulps.
+    n = 20000
+    values, _ = roundoff.round(np.full(n, x, dtype=dtype), "fp16", "sr", seed=4)
+    lower = float(roundoff.round(np.array([x]), "fp16", "rz")[0][0])
+    upper = float(roundoff.round(np.array([x]), "fp16", "ru")[0][0])
+    assert set(values.tolist()) <= {lower, upper}
+    p = (x - lower) / (upper - lower)
+    ups = int(np.count_nonzero(values == upper))
+    sigma = math.sqrt(n * p * (1 - p))
+    assert abs(ups - n * p) < 5 * sigma, (ups, n * p, sigma)
+
+
+def test_bits_and_from_bits_round_trip_every_fp16_pattern():
+    patterns = np.arange(1 << 16, dtype=np.uint16)
+    values = roundoff.from_bits(patterns, "fp16")
+    np.testing.assert_array_equal(values[~np.isnan(values)], patterns.view(np.float16)[~np.isnan(values)].astype(np.float32))
+    finite = ~np.isnan(values)
+    assert roundoff.bits(values[finite], "fp16").tolist() == patterns[finite].tolist()
+
+
+def test_info_formats_units_match_emu():
+    for format in ["fp16", "bf16", "fp8-e4m3", "tf32", "e6m9"]:
+        assert roundoff.info(format) == emu("info", format)[0]
+    assert roundoff.info("fp16", subnormals=False) == emu("info", "fp16", "--subnormals", "off")[0]
+    assert {"fp16", "bf16", "fp8-e4m3", "fp64"} <= set(roundoff.formats())
+    assert {"a100", "ipu-amp", "exact", "fp16-seq"} <= set(roundoff.units())
+
+
+def write_matrix(path, m):
+    path.write_text("\n".join(" ".join(repr(float(v)) for v in row) for row in m) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("unit", roundoff.units())
+def test_dot_and_matmul_match_emu(unit, tmp_path):
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((3, 9)) * 100
+    B = rng.standard_normal((9, 2)) / 3
+    C = rng.standard_normal((3, 2))
+    got, flags = roundoff.matmul(A, B, C, unit=unit)
+    expected = emu("gemm", "--unit", unit, write_matrix(tmp_path / "A", A), write_matrix(tmp_path / "B", B),
+                   write_matrix(tmp_path / "C", C))
+    all_flags = roundoff.Flags(0)
+    for e in expected:
+        assert float(got[e["row"], e["col"]]) == emu_value(e["value"]), e
+        all_flags |= flags_of(e["flags"]) | flags_of(e["input_flags"])
+    assert flags == all_flags
+    value, flags = roundoff.dot(A[0], B[:, 1], C[0, 1], unit=unit)
+    (e,) = emu("dot", "--unit", unit, "--a", ",".join(map(repr, A[0])), "--b", ",".join(map(repr, B[:, 1])),
+               "--c", repr(C[0, 1]))
+    assert value == emu_value(e["value"])
+    assert flags == flags_of(e["flags"]) | flags_of(e["input_flags"])
+
+
+def test_dot_with_formats_and_rounding_matches_emu():
+    a, b = [1e-3, 2.5, 3e4, -7.0], [0.3, 0.25, 4.0, 1e-2]
+    for args in [dict(unit="fp32-seq", in_format="bf16"), dict(unit="exact", out_format="fp16", rounding="rz"),
+                 dict(unit="ipu-amp", rounding="sr", seed=3)]:
+        value, _ = roundoff.dot(a, b, 0.5, **args)
+        cli = ["--unit", args["unit"]] + (["--in", args["in_format"]] if "in_format" in args else []) + \
+              (["--out", args["out_format"]] if "out_format" in args else []) + \
+              (["--rounding", args["rounding"]] if "rounding" in args else []) + \
+              (["--seed", args["seed"]] if "seed" in args else [])
+        (e,) = emu("dot", "--a", ",".join(map(repr, a)), "--b", ",".join(map(repr, b)), "--c", "0.5", *cli)
+        assert value == emu_value(e["value"]), args
+
+
+def test_context_operations_match_emu_eval():
+    ctx = roundoff.Context(rounding="rz")
+    a, b = np.array([0.1, 300.0, 1e-4]), np.array([0.2, 300.0, 3.0])
+    for op, symbol in [("add", "+"), ("sub", "-"), ("mul", "*"), ("div", "/")]:
+        got = getattr(ctx, op)("fp16", *roundoff.round([a, b], "fp16", "rz")[0])
+        for x, y, g in zip(a, b, got):
+            (e,) = emu("eval", f"{x!r} {symbol} {y!r}", "--format", "fp16", "--rounding", "rz")
+            assert float(g) == emu_value(e["value"]), (op, x, y)
+
+
+def test_context_fma_sqrt_convert_against_fractions():
+    ctx = roundoff.Context()
+    got = ctx.fma("fp16", [3.0], [1 / 3], [1e-4])[0]
+    assert Fraction(float(got)) == exact_round(Fraction(3) * Fraction(1 / 3) + Fraction(1e-4), "fp16", "rne")
+    assert float(ctx.sqrt("fp16", [2.0])[0]) == float(np.float16(math.sqrt(2)))
+    assert float(ctx.convert("bf16", [1 / 3])[0]) == float(exact_round(Fraction(1 / 3), "bf16", "rne"))
+    assert ctx.flags == roundoff.Flags.INEXACT
+
+
+def test_context_flags_are_sticky_until_cleared():
+    ctx = roundoff.Context()
+    ctx.mul("fp16", [300.0], [300.0])
+    ctx.add("fp16", [1.0], [1.0])
+    assert ctx.flags == roundoff.Flags.OFLO | roundoff.Flags.INEXACT
+    ctx.div("fp16", [1.0], [0.0])
+    assert roundoff.Flags.DIV0 in ctx.flags
+    ctx.sqrt("fp16", [-1.0])
+    assert roundoff.Flags.INV in ctx.flags
+    ctx.clear()
+    assert ctx.flags == roundoff.Flags(0)
+
+
+def test_broadcasting_and_result_dtypes():
+    ctx = roundoff.Context()
+    out = ctx.add("fp16", np.ones((2, 3)), [1.0, 2.0, 3.0])
+    assert out.shape == (2, 3) and out.dtype == np.float32
+    assert ctx.add("fp64", [0.1], [0.2]).dtype == np.float64
+    assert roundoff.round([1.0], "e11m30")[0].dtype == np.float64
+
+
+def test_trap_raises_floating_point_trap_with_the_report():
+    ctx = roundoff.Context(traps="oflo,div0,inv", overflow="nan")
+    with pytest.raises(roundoff.FloatingPointTrap) as caught:
+        ctx.mul("fp16", [[1.0, 2.0], [300.0, 4.0]], [[1.0, 1.0], [300.0, 1.0]])
+    trap = caught.value
+    assert isinstance(trap, FloatingPointError)
+    assert (trap.flag, trap.op, trap.element, trap.index) == ("OFLO", "mul", 2, (1, 0))
+    assert trap.operands == (300.0, 300.0) and math.isnan(trap.result)
+    assert trap.fp_sts == 0b101  # OFLO and INV (NANOO), bit 2 and bit 0
+    assert roundoff.Flags.OFLO in trap.status and roundoff.Flags.OFLO in ctx.flags
+    with pytest.raises(roundoff.FloatingPointTrap) as caught:
+        roundoff.Context(traps=["div0"]).div("fp16", [1.0], [0.0])
+    assert caught.value.flag == "DIV0"
+    # Disabled traps only raise flags.
+    assert np.isinf(roundoff.Context(traps="inv").mul("fp16", [300.0], [300.0])).all()
+
+
+def test_trap_report_matches_emu_eval_trap():
+    done = subprocess.run([EMU, "eval", "300 * 300", "--format", "fp16", "--trap", "oflo", "--json"],
+                          capture_output=True, text=True)
+    assert done.returncode == 3
+    report = json.loads(done.stdout)
+    with pytest.raises(roundoff.FloatingPointTrap) as caught:
+        roundoff.Context(traps="oflo").mul("fp16", 300.0, 300.0)
+    t = caught.value
+    assert (t.flag, list(t.operands), t.result, t.fp_sts) == (report["trap"], report["operands"],
+                                                              emu_value(report["result"]), report["fp_sts"])
+    assert t.status == flags_of(report["flags"])
+
+
+@pytest.mark.parametrize("call,exception,message", [
+    (lambda: roundoff.round([1.0], "fp17"), ValueError, "--format: unknown format 'fp17'"),
+    (lambda: roundoff.round([1.0], "fp16", "rn"), ValueError, "--rounding: unknown rounding mode 'rn'"),
+    (lambda: roundoff.round([1.0], "fp16", seed=-1), ValueError, "--seed: expected an integer"),
+    (lambda: roundoff.round([1.0], "fp16", "sr", sr_bits=65), ValueError, "--sr-bits: expected an integer from 0 to 64"),
+    (lambda: roundoff.round([1.0], "fp16", overflow="wrap"), ValueError, "--overflow"),
+    (lambda: roundoff.round([1.0], "fp16", rng="mt"), ValueError, "--rng"),
+    (lambda: roundoff.round([1.0], "fp16", seed=1.5), TypeError, "seed must be an int"),
+    (lambda: roundoff.round([1.0], 16), TypeError, "format must be a str"),
+    (lambda: roundoff.round(["a"], "fp16"), TypeError, "array of real numbers"),
+    (lambda: roundoff.round([1.0], "fp16", subnormals="off"), TypeError, "subnormals must be a bool"),
+    (lambda: roundoff.bits([0.1], "fp16"), ValueError, "is not a value of fp16"),
+    (lambda: roundoff.from_bits([1 << 16], "fp16"), ValueError, "bits beyond"),
+    (lambda: roundoff.from_bits([1.0], "fp16"), TypeError, "array of integers"),
+    (lambda: roundoff.Context(traps="oflo,bogus"), ValueError, "--trap: unknown flag 'bogus'"),
+    (lambda: roundoff.dot([1.0], [1.0], unit="gpu"), ValueError, "--unit: unknown unit 'gpu'"),
+    (lambda: roundoff.dot([1.0, 2.0], [1.0], unit="exact"), ValueError, "--a has 2 values but --b has 1"),
+    (lambda: roundoff.dot([1.0], [1.0], unit="a100", in_format="fp8-e4m3", out_format="fp64"), ValueError, "--unit a100"),
+    (lambda: roundoff.matmul(np.ones((2, 3)), np.ones((2, 3)), unit="exact"), ValueError, "B has 2 rows"),
+    (lambda: roundoff.matmul(np.ones(3), np.ones(3), unit="exact"), ValueError, "matrices"),
+])
+def test_bad_arguments_raise_the_documented_exceptions(call, exception, message):
+    with pytest.raises(exception, match=None) as caught:
+        call()
+    assert message in str(caught.value)
+
+
+def test_bad_arguments_give_the_clis_message():
+    done = subprocess.run([EMU, "round", "1", "--format", "fp17"], capture_output=True, text=True)
+    assert done.returncode == 2
+    with pytest.raises(ValueError) as caught:
+        roundoff.round([1.0], "fp17")
+    assert str(caught.value) in done.stderr
+
+
+def test_submodules_load_lazily():
+    # results, plot and report (pandas, xarray, matplotlib) are not imported with roundoff.
+    code = "import sys, roundoff; print(sorted(m for m in sys.modules if m.startswith('roundoff.')))"
+    done = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "['roundoff._core']"
+    with pytest.raises(AttributeError):
+        roundoff.no_such_thing  # noqa: B018
