@@ -20,6 +20,7 @@
 #include "emu/arith.hpp"
 #include "emu/convert.hpp"
 #include "emu/format.hpp"
+#include "emu/nearest.hpp"
 #include "emu/unit.hpp"
 #include "options.hpp"
 
@@ -59,19 +60,34 @@ bool fits_float32(const emu::Format& f) {
   return f.emax() <= 127 && f.fraction_bits() <= 23 && f.emin() - f.fraction_bits() >= -149;
 }
 
-py::array result_array(const emu::Format& f, const std::vector<double>& values, const std::vector<py::ssize_t>& shape) {
-  if (fits_float32(f)) {
-    py::array_t<float> out(shape);
-    float* o = out.mutable_data();
-    for (std::size_t i = 0; i < values.size(); ++i) o[i] = static_cast<float>(values[i]);
-    return out;
-  }
-  py::array_t<double> out(shape);
-  std::memcpy(out.mutable_data(), values.data(), values.size() * sizeof(double));
-  return out;
+std::vector<py::ssize_t> shape_of(const py::array& a) { return {a.shape(), a.shape() + a.ndim()}; }
+
+// The array the results go to: `out` where given (checked: the result's dtype and x's
+// shape, C-contiguous, writeable; reusing one spares the fresh pages of a new array),
+// else a new one.
+py::array result_target(const emu::Format& f, const std::vector<py::ssize_t>& shape, const std::optional<py::array>& out) {
+  const bool single = fits_float32(f);
+  if (!out) return single ? py::array(py::array_t<float>(shape)) : py::array(py::array_t<double>(shape));
+  const char* wanted = single ? "float32" : "float64";
+  const bool dtype_ok = single ? py::isinstance<py::array_t<float>>(*out) : py::isinstance<py::array_t<double>>(*out);
+  if (!dtype_ok || shape_of(*out) != shape || !(out->flags() & py::array::c_style) || !out->writeable())
+    throw py::value_error(std::string("round: out must be a writeable C-contiguous ") + wanted +
+                          " array of x's shape (the result's dtype for " + f.name() + ")");
+  return *out;
 }
 
-std::vector<py::ssize_t> shape_of(const py::array& a) { return {a.shape(), a.shape() + a.ndim()}; }
+// values (of f) as an array of the result's dtype: `out`, or a new one.
+py::array result_array(const emu::Format& f, const std::vector<double>& values, const std::vector<py::ssize_t>& shape,
+                       const std::optional<py::array>& out = std::nullopt) {
+  py::array target = result_target(f, shape, out);
+  if (fits_float32(f)) {
+    float* o = static_cast<float*>(target.mutable_data());
+    for (std::size_t i = 0; i < values.size(); ++i) o[i] = static_cast<float>(values[i]);
+  } else {
+    std::memcpy(target.mutable_data(), values.data(), values.size() * sizeof(double));
+  }
+  return target;
+}
 
 // ---- round, bits, from_bits -------------------------------------------------------
 
@@ -79,7 +95,8 @@ std::vector<py::ssize_t> shape_of(const py::array& a) { return {a.shape(), a.sha
 // function of the seed and the element's index); any other input or format: element by
 // element through emu::round in C order, sr drawing from the stream `emu round --seed`
 // uses, exactly as the calculator does.
-py::tuple round_values(const py::array& x, const std::string& format, const Rounding& r, bool subnormals) {
+py::tuple round_values(const py::array& x, const std::string& format, const Rounding& r, bool subnormals,
+                       const std::optional<py::array>& out) {
   const emu::Format f = format_from(format, subnormals);
   emu::Context ctx = emu::cli::context_from(parse("round", rounding_args(r)));
   const emu::RoundSpec spec = ctx.spec();
@@ -87,14 +104,14 @@ py::tuple round_values(const py::array& x, const std::string& format, const Roun
   if (py::isinstance<Floats>(x) && r.rng == "philox" && emu::HalfRounding::supports(f, spec)) {
     const emu::HalfRounding how(f, spec, emu::StreamId{std::stoull(r.seed)});  // checked by context_from
     const Floats in = Floats::ensure(x);
-    Floats out(shape);
+    py::array target = result_target(f, shape, out);
     const std::size_t n = static_cast<std::size_t>(in.size());
     emu::Flags flags;
     {
       py::gil_scoped_release release;
-      flags = emu::round_to_float(how, {in.data(), n}, {out.mutable_data(), n});
+      flags = emu::round_to_float(how, {in.data(), n}, {static_cast<float*>(target.mutable_data()), n});
     }
-    return py::make_tuple(out, static_cast<int>(flags));
+    return py::make_tuple(target, static_cast<int>(flags));
   }
   const Doubles in = Doubles::ensure(x);
   const std::size_t n = static_cast<std::size_t>(in.size());
@@ -104,7 +121,7 @@ py::tuple round_values(const py::array& x, const std::string& format, const Roun
     py::gil_scoped_release release;
     flags = emu::round_array(f, spec, {in.data(), n}, values, &ctx.rng());
   }
-  return py::make_tuple(result_array(f, values, shape), static_cast<int>(flags));
+  return py::make_tuple(result_array(f, values, shape, out), static_cast<int>(flags));
 }
 
 py::array bits(const Doubles& x, const std::string& format, bool subnormals) {
@@ -218,6 +235,19 @@ py::tuple dot(const Doubles& a, const Doubles& b, double c_value, const UnitArgs
                         setup.unit->output_format().name());
 }
 
+// x's values rounded into f as `emu gemm` rounds its inputs (convert_input): x's own
+// data where every value is already one of f (checked by whole vectors for fp16 and
+// fp32), else a converted copy.
+const double* unit_input(const emu::Format& f, const Doubles& x, std::vector<double>& copy, const emu::Context& ctx,
+                         emu::Flags& flags) {
+  const double* values = x.data();
+  const auto n = static_cast<std::size_t>(x.size());
+  if (emu::NearestOps::first_not_value(f, values, 0, n) == n) return values;
+  copy.resize(n);
+  for (std::size_t e = 0; e < n; ++e) copy[e] = emu::cli::convert_input(f, emu::Exact{values[e]}, ctx, flags);
+  return copy.data();
+}
+
 py::tuple matmul(const Doubles& A, const Doubles& B, const std::optional<Doubles>& C, const UnitArgs& u) {
   const auto o = unit_options("gemm", u);
   const emu::cli::UnitSetup setup = emu::cli::unit_from(o, "gemm");
@@ -233,15 +263,15 @@ py::tuple matmul(const Doubles& A, const Doubles& B, const std::optional<Doubles
                      ", but A*B + C needs " + std::to_string(m) + " x " + std::to_string(n));
   const emu::Format& in = setup.unit->input_format();
   const emu::Format& out = setup.unit->output_format();
-  std::vector<double> a(m * k), b(k * n), c(m * n, 0.0);
+  std::vector<double> a_copy, b_copy, c(m * n, 0.0);
   emu::Flags input_flags = 0;
   {
     py::gil_scoped_release release;
-    for (std::size_t e = 0; e < m * k; ++e) a[e] = emu::cli::convert_input(in, emu::Exact{A.data()[e]}, ctx, input_flags);
-    for (std::size_t e = 0; e < k * n; ++e) b[e] = emu::cli::convert_input(in, emu::Exact{B.data()[e]}, ctx, input_flags);
+    const double* a = unit_input(in, A, a_copy, ctx, input_flags);
+    const double* b = unit_input(in, B, b_copy, ctx, input_flags);
     if (C)
       for (std::size_t e = 0; e < m * n; ++e) c[e] = emu::cli::convert_input(out, emu::Exact{C->data()[e]}, ctx, input_flags);
-    setup.unit->gemm(ctx, m, n, k, a.data(), k, b.data(), n, c.data(), n);
+    setup.unit->gemm(ctx, m, n, k, a, k, b, n, c.data(), n);
   }
   return py::make_tuple(result_array(out, c, {static_cast<py::ssize_t>(m), static_cast<py::ssize_t>(n)}),
                         static_cast<int>(ctx.status()), static_cast<int>(input_flags));
@@ -330,7 +360,8 @@ PYBIND11_MODULE(_core, m) {
   py::class_<UnitArgs>(m, "UnitArgs")
       .def(py::init<std::string, std::optional<std::string>, std::optional<std::string>, Rounding>());
 
-  m.def("round", &round_values, py::arg("x"), py::arg("format"), py::arg("rounding"), py::arg("subnormals"));
+  m.def("round", &round_values, py::arg("x"), py::arg("format"), py::arg("rounding"), py::arg("subnormals"),
+        py::arg("out") = py::none());
   m.def("bits", &bits, py::arg("x"), py::arg("format"), py::arg("subnormals"));
   m.def("from_bits", &from_bits, py::arg("b"), py::arg("format"), py::arg("subnormals"));
   m.def("info_json", [](const std::string& format, bool subnormals) {

@@ -157,6 +157,28 @@ def test_sr_frequency_within_binomial_bound(x, dtype):
     assert abs(ups - n * p) < 5 * sigma, (ups, n * p, sigma)
 
 
+@pytest.mark.parametrize("dtype, format, rounding", [(np.float32, "fp16", "sr"), (np.float32, "bf16", "rne"),
+                                                     (np.float64, "fp16", "sr"), (np.float64, "fp64", "rz")])
+def test_round_into_out_equals_a_new_array(dtype, format, rounding):
+    x = (np.random.default_rng(7).standard_normal((50, 40)) * 1e3).astype(dtype)
+    fresh, flags = roundoff.round(x, format, rounding, seed=5)
+    out = np.full_like(fresh, np.nan)
+    got, out_flags = roundoff.round(x, format, rounding, seed=5, out=out)
+    assert got is out
+    assert np.array_equal(got.view(np.uint8), fresh.view(np.uint8)) and out_flags == flags
+
+
+@pytest.mark.parametrize("out, exception", [
+    (np.empty(10, np.float64), ValueError),          # fp16's results are float32
+    (np.empty(9, np.float32), ValueError),           # not x's shape
+    (np.empty((10, 2), np.float32)[:, 0], ValueError),  # not contiguous
+    ([0.0] * 10, TypeError),
+])
+def test_round_refuses_an_unfit_out(out, exception):
+    with pytest.raises(exception, match="out must be"):
+        roundoff.round(np.ones(10, np.float32), "fp16", out=out)
+
+
 def test_bits_and_from_bits_round_trip_every_fp16_pattern():
     patterns = np.arange(1 << 16, dtype=np.uint16)
     values = roundoff.from_bits(patterns, "fp16")
@@ -184,14 +206,17 @@ def test_dot_and_matmul_match_emu(unit, tmp_path):
     A = rng.standard_normal((3, 9)) * 100
     B = rng.standard_normal((9, 2)) / 3
     C = rng.standard_normal((3, 2))
-    got, flags = roundoff.matmul(A, B, C, unit=unit)
-    expected = emu("gemm", "--unit", unit, write_matrix(tmp_path / "A", A), write_matrix(tmp_path / "B", B),
-                   write_matrix(tmp_path / "C", C))
-    all_flags = roundoff.Flags(0)
-    for e in expected:
-        assert float(got[e["row"], e["col"]]) == emu_value(e["value"]), e
-        all_flags |= flags_of(e["flags"]) | flags_of(e["input_flags"])
-    assert flags == all_flags
+    # Inputs to be rounded by the unit, and inputs already fp16 (every unit takes them
+    # as they are: matmul then reads the caller's arrays without a copy).
+    for A_in, B_in in [(A, B), (roundoff.round(A, "fp16")[0], roundoff.round(B, "fp16")[0])]:
+        got, flags = roundoff.matmul(A_in, B_in, C, unit=unit)
+        expected = emu("gemm", "--unit", unit, write_matrix(tmp_path / "A", A_in), write_matrix(tmp_path / "B", B_in),
+                       write_matrix(tmp_path / "C", C))
+        all_flags = roundoff.Flags(0)
+        for e in expected:
+            assert float(got[e["row"], e["col"]]) == emu_value(e["value"]), e
+            all_flags |= flags_of(e["flags"]) | flags_of(e["input_flags"])
+        assert flags == all_flags
     value, flags = roundoff.dot(A[0], B[:, 1], C[0, 1], unit=unit)
     (e,) = emu("dot", "--unit", unit, "--a", ",".join(map(repr, A[0])), "--b", ",".join(map(repr, B[:, 1])),
                "--c", repr(C[0, 1]))
