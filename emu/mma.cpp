@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "simd.hpp"
+
 namespace emu {
 
 namespace {
@@ -777,24 +779,86 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
     decode(x, value, exp, special);
     sig = value == 0 ? 0 : static_cast<std::int32_t>(value * pow2(fraction_bits - exp + shift));
   };
+#if EMU_SIMD
+  // Four consecutive values at once where each is zero or a normal value of the input
+  // format (what decode_integer's first two branches take; the inputs of a training
+  // step nearly always): false, with nothing written, where one is not.
+  const __m256i emin = _mm256_set1_epi64x(in_.emin()), emax = _mm256_set1_epi64x(in_.emax());
+  const __m256i low_mask = _mm256_set1_epi64x(static_cast<long long>(below_input_precision));
+  const __m256d max_finite = _mm256_set1_pd(in_.max_finite());
+  const __m128i fraction_shift = _mm_cvtsi32_si128(52 - fraction_bits);
+  auto decode4 = [&](const double* x, std::int32_t* sig, std::int32_t* exp, int shift) {
+    const __m256d v = _mm256_loadu_pd(x);
+    const __m256i bits = _mm256_castpd_si256(v);
+    const __m256i e = _mm256_sub_epi64(_mm256_and_si256(_mm256_srli_epi64(bits, 52), _mm256_set1_epi64x(0x7ff)),
+                                       _mm256_set1_epi64x(1023));
+    const __m256i outside = _mm256_or_si256(
+        _mm256_or_si256(_mm256_cmpgt_epi64(e, emax), _mm256_cmpgt_epi64(emin, e)),
+        _mm256_xor_si256(_mm256_cmpeq_epi64(_mm256_and_si256(bits, low_mask), _mm256_setzero_si256()),
+                         _mm256_set1_epi64x(-1)));
+    const __m256d normal = _mm256_andnot_pd(_mm256_castsi256_pd(outside),
+                                            _mm256_cmp_pd(simd::magnitude(v), max_finite, _CMP_LE_OQ));
+    const __m256d zero = _mm256_cmp_pd(v, _mm256_setzero_pd(), _CMP_EQ_OQ);
+    if (!simd::every_lane(_mm256_or_pd(normal, zero))) return false;
+    const __m256i magnitude = _mm256_srl_epi64(
+        _mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi64x(0xfffffffffffff)), _mm256_set1_epi64x(1LL << 52)),
+        fraction_shift);
+    // Per lane in int32 as decode_integer: the significand's low half, negated where the
+    // sign (bit 31 of the high half) is set, shifted; zeros as significand 0, kZeroExponent.
+    auto halves = [](__m256i x, int high) {
+      return _mm256_castsi256_si128(
+          _mm256_permutevar8x32_epi32(x, _mm256_setr_epi32(high, 2 + high, 4 + high, 6 + high, 0, 0, 0, 0)));
+    };
+    const __m128i sign = _mm_or_si128(halves(bits, 1), _mm_set1_epi32(1));  // < 0 iff x < 0
+    const __m128i sig32 = _mm_sll_epi32(_mm_sign_epi32(halves(magnitude, 0), sign), _mm_cvtsi32_si128(shift));
+    const __m128i zero32 = halves(_mm256_castpd_si256(zero), 0);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(sig), _mm_andnot_si128(zero32, sig32));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(exp), _mm_blendv_epi8(halves(e, 0), _mm_set1_epi32(kZeroExponent), zero32));
+    return true;
+  };
+#endif
   std::vector<std::int32_t> a_sig(m * k), a_exp(m * k);
   std::vector<char> row_special(m, 0), col_special(n, 0);
   for (std::size_t i = 0; i < m; ++i) {
     bool special = false;
-    for (std::size_t p = 0; p < k; ++p)
+    std::size_t p = 0;
+#if EMU_SIMD
+    while (p + 4 <= k && decode4(A + i * lda + p, &a_sig[i * k + p], &a_exp[i * k + p], product_shift_)) p += 4;
+#endif
+    for (; p < k; ++p) {
       decode_integer(A[i * lda + p], a_sig[i * k + p], a_exp[i * k + p], special, product_shift_);
+#if EMU_SIMD
+      if (p % 4 == 3)  // back to whole vectors after a group taken one by one
+        while (p + 5 <= k && decode4(A + i * lda + p + 1, &a_sig[i * k + p + 1], &a_exp[i * k + p + 1], product_shift_))
+          p += 4;
+#endif
+    }
     row_special[i] = special;
   }
   const std::size_t panels = (n + kLanes - 1) / kLanes;
   std::vector<std::int32_t> b_sig(panels * k * kLanes, 0), b_exp(panels * k * kLanes, kZeroExponent);
-  for (std::size_t j = 0; j < n; ++j) {
-    bool special = false;
-    for (std::size_t p = 0; p < k; ++p) {
-      const std::size_t at = ((j / kLanes) * k + p) * kLanes + j % kLanes;
-      decode_integer(B[p * ldb + j], b_sig[at], b_exp[at], special, 0);
-    }
-    col_special[j] = special;
+  // B by rows four columns at a time where every value is zero or normal; else (and for
+  // the columns beyond the last group of four) by columns, in the reference's order.
+  bool b_decoded = false;
+#if EMU_SIMD
+  if (n % 4 == 0 && kLanes % 4 == 0) {
+    b_decoded = true;
+    for (std::size_t p = 0; p < k && b_decoded; ++p)
+      for (std::size_t j = 0; j < n && b_decoded; j += 4) {
+        const std::size_t at = ((j / kLanes) * k + p) * kLanes + j % kLanes;
+        b_decoded = decode4(B + p * ldb + j, &b_sig[at], &b_exp[at], 0);
+      }
   }
+#endif
+  if (!b_decoded)
+    for (std::size_t j = 0; j < n; ++j) {
+      bool special = false;
+      for (std::size_t p = 0; p < k; ++p) {
+        const std::size_t at = ((j / kLanes) * k + p) * kLanes + j % kLanes;
+        decode_integer(B[p * ldb + j], b_sig[at], b_exp[at], special, 0);
+      }
+      col_special[j] = special;
+    }
 
   ColumnAdder adder{};
   adder.kept_fraction_bits = params_.kept_fraction_bits;
