@@ -365,6 +365,8 @@ std::vector<OptionSpec> command_options(std::string_view command) {
   if (command == "round" || command == "eval")
     return with(rounding_options(), {{"--format", true}, {"--subnormals", true}, {"--trap", true}});
   std::vector<OptionSpec> known = rounding_options();
+  if (command == "quantize")
+    return with(std::move(known), {{"--format", true}, {"--scale-rule", true}, {"--tensor-scale", true}});
   if (command == "dot") known = with(std::move(known), {{"--a", true}, {"--b", true}, {"--c", true}});
   else if (command != "gemm") throw std::logic_error("command_options: unknown command");
   known.insert(known.end(), unit.begin(), unit.end());
@@ -566,43 +568,11 @@ int eval(const std::vector<std::string>& args, Output& out) {
 // ---- quantize -----------------------------------------------------------------------
 
 int quantize_values(const std::vector<std::string>& args, Output& out) {
-  const auto o = parse_options("quantize", args,
-                               with(rounding_options(), {{"--format", true}, {"--scale-rule", true}, {"--tensor-scale", true}}));
-  const auto name = o.get("--format");
-  if (!name) throw UsageError("--format is required (e.g. --format mxfp4-e2m1)");
-  const BlockFormat* f = nullptr;
-  try {
-    f = &block_format_by_name(*name);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(std::string("--format: ") + e.what());
-  }
-  BlockSpec spec = default_block_spec(*f);
-  if (const auto r = o.get("--scale-rule")) {
-    try {
-      spec.rule = scale_rule_by_name(*r);
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(std::string("--scale-rule: ") + e.what());
-    }
-    if (!f->accepts(spec.rule))
-      throw UsageError("--scale-rule " + *r + ": " + f->name() + "'s " + f->scale().name() +
-                       " scale is not a power of two (take up or nearest)");
-  }
-  if (const auto t = o.get("--tensor-scale")) {
-    if (!f->has_tensor_scale()) throw UsageError("--tensor-scale: " + f->name() + " has no tensor scale (nvfp4 has)");
-    double value = 0;
-    try {
-      const Exact x = parse_number(*t);
-      value = x.hi;
-      if (x.lo != 0 || x.beyond_double || !(value > 0) || !std::isfinite(value) || !fp32().representable(value))
-        throw NumberError("not a positive finite fp32 value");
-    } catch (const NumberError& e) {
-      throw UsageError("--tensor-scale: '" + *t + "': " + e.what());
-    }
-    spec.tensor_scale = value;
-  }
-  Context ctx = context_from(o);
-  if (!o.has("--overflow")) ctx.control.overflow = Overflow::saturate;  // OCP MX elements saturate
-  spec.element = ctx.spec();
+  const auto o = parse_options("quantize", args, command_options("quantize"));
+  QuantizeSetup setup = quantize_from(o);
+  const BlockFormat* f = setup.format;
+  const BlockSpec& spec = setup.spec;
+  Context& ctx = setup.ctx;
   const std::vector<Input> inputs = read_values("quantize", o.positionals);
   std::vector<double> values;
   for (const auto& in : inputs) values.push_back(round_nearest(fp64(), in.value));
@@ -645,6 +615,45 @@ int quantize_values(const std::vector<std::string>& args, Output& out) {
 // ---- dot and gemm ---------------------------------------------------------------
 
 }  // namespace
+
+QuantizeSetup quantize_from(const ParsedOptions& o) {
+  const auto name = o.get("--format");
+  if (!name) throw UsageError("--format is required (e.g. --format mxfp4-e2m1)");
+  const BlockFormat* f = nullptr;
+  try {
+    f = &block_format_by_name(*name);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--format: ") + e.what());
+  }
+  BlockSpec spec = default_block_spec(*f);
+  if (const auto r = o.get("--scale-rule")) {
+    try {
+      spec.rule = scale_rule_by_name(*r);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("--scale-rule: ") + e.what());
+    }
+    if (!f->accepts(spec.rule))
+      throw UsageError("--scale-rule " + *r + ": " + f->name() + "'s " + f->scale().name() +
+                       " scale is not a power of two (take up or nearest)");
+  }
+  if (const auto t = o.get("--tensor-scale")) {
+    if (!f->has_tensor_scale()) throw UsageError("--tensor-scale: " + f->name() + " has no tensor scale (nvfp4 has)");
+    double value = 0;
+    try {
+      const Exact x = parse_number(*t);
+      value = x.hi;
+      if (x.lo != 0 || x.beyond_double || !(value > 0) || !std::isfinite(value) || !fp32().representable(value))
+        throw NumberError("not a positive finite fp32 value");
+    } catch (const NumberError& e) {
+      throw UsageError("--tensor-scale: '" + *t + "': " + e.what());
+    }
+    spec.tensor_scale = value;
+  }
+  Context ctx = context_from(o);
+  if (!o.has("--overflow")) ctx.control.overflow = Overflow::saturate;  // OCP MX elements saturate
+  spec.element = ctx.spec();
+  return {f, spec, std::move(ctx)};
+}
 
 UnitSetup unit_from(const ParsedOptions& o, std::string_view command) {
   const auto name = o.get("--unit");

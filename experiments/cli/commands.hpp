@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "emu/arith.hpp"
+#include "emu/block.hpp"
 #include "emu/unit.hpp"
 #include "options.hpp"
 
@@ -49,7 +50,7 @@ int run_command(const std::string& command, const std::vector<std::string>& args
 // The pieces of the subcommands that the Python module (python/roundoff) reuses, so that
 // both take the same options, give the same errors and compute the same way.
 
-// The options a subcommand accepts: "info", "round", "eval", "dot", "gemm".
+// The options a subcommand accepts: "info", "round", "eval", "dot", "gemm", "quantize".
 std::vector<OptionSpec> command_options(std::string_view command);
 
 // `emu info`'s fields in order, each value as JSON text; info_json joins them into the
@@ -63,6 +64,16 @@ struct UnitSetup {
   std::string fixed_json;  // "unit", "in", "out", "format" (= out), "rounding" fields
 };
 UnitSetup unit_from(const ParsedOptions& o, std::string_view command);
+
+// emu quantize's block format (--format), spec (--scale-rule, --tensor-scale, the
+// elements' rounding, saturating unless --overflow says otherwise) and context (its sr
+// stream), with the checks and messages of the command (UsageError).
+struct QuantizeSetup {
+  const BlockFormat* format = nullptr;
+  BlockSpec spec;
+  Context ctx;
+};
+QuantizeSetup quantize_from(const ParsedOptions& o);
 
 // Rounds x into f with rne (how inputs enter a unit), collecting the flags; tininess as
 // the context says.

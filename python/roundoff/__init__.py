@@ -12,6 +12,7 @@ the C++ core; bad arguments raise ValueError (or TypeError for a wrong type) wit
 message `emu` would print. Results come back as float32 arrays where every value of the
 format is a float32 (fp16, bf16, fp8, tf32, fp32, ...), else float64.
 """
+import collections as _collections
 import enum as _enum
 import importlib as _importlib
 import json as _json
@@ -264,6 +265,47 @@ def matmul(A, B, C=None, *, unit, in_format=None, out_format=None, rounding="rne
     C = None if C is None else _doubles(C, "C")
     result, flags, input_flags = _core.matmul(_doubles(A, "A"), _doubles(B, "B"), C, args)
     return result, Flags(flags | input_flags)
+
+
+Quantized = _collections.namedtuple(
+    "Quantized", "values elements element_bits scales scale_bits block_flags tensor_scale flags")
+Quantized.__doc__ = """A block-quantised array (roundoff.quantize): values (the dequantised values, exactly
+element * scale * tensor_scale, x's shape), elements (their exact element values) and
+element_bits (uint8 patterns of the element format; MXINT8: two's complement), per block
+scales (NaN for a NaN block) and scale_bits (E8M0 or UE4M3 patterns) and block_flags
+(int, the block's elements' and scale's flags), tensor_scale (nvfp4's fp32 scale; 1 for
+MX) and flags (Flags, of every block)."""
+
+
+def quantize(x, format, *, scale_rule=None, rounding="rne", seed=0, sr_bits=0, overflow=None, rng="philox",
+             tininess="before", tensor_scale=None):
+    """Quantises x (its values in C order, in consecutive blocks) into a block format; as
+    `emu quantize VALUES --format F [--scale-rule R] --rounding R --seed S --sr-bits K
+    [--overflow P] --rng G --tininess T [--tensor-scale T]`, value for value. Returns a
+    Quantized.
+
+    format: mxfp8-e4m3 mxfp8-e5m2 mxfp6-e2m3 mxfp6-e3m2 mxfp4-e2m1 mxint8 (OCP MX v1.0, 32
+    elements, an E8M0 scale) or nvfp4 (16 FP4 elements, a UE4M3 scale, one fp32 scale for
+    the tensor); roundoff.block_formats() lists them. scale_rule: floor (OCP, MX's
+    default), ceil, even, up, nearest (nvfp4's default); the elements round with
+    `rounding` (sr draws one stream in index order, seed S) and saturate unless overflow
+    says otherwise; tensor_scale: nvfp4's fp32 scale (default: amax / (6 * 448) rounded up).
+    """
+    r = _rounding(rounding, seed, sr_bits, "inf" if overflow is None else overflow, rng, tininess)
+    if scale_rule is not None:
+        scale_rule = _text(scale_rule, "scale_rule")
+    if tensor_scale is not None:
+        if isinstance(tensor_scale, bool) or not isinstance(tensor_scale, (int, float, _np.floating, _np.integer)):
+            raise TypeError(f"tensor_scale must be a number, not {type(tensor_scale).__name__}")
+        tensor_scale = float(tensor_scale)
+    values, elements, element_bits, scales, scale_bits, block_flags, scale, flags = _core.quantize(
+        _doubles(x, "x"), _text(format, "format"), scale_rule, r, overflow is not None, tensor_scale)
+    return Quantized(values, elements, element_bits, scales, scale_bits, block_flags, scale, Flags(flags))
+
+
+def block_formats():
+    """The block formats roundoff.quantize takes."""
+    return _core.block_formats()
 
 
 def _run_sweep(config, jobs=None, output=None):

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <ctime>
 #include <cstring>
 #include <optional>
@@ -18,6 +19,7 @@
 #include "commands.hpp"
 #include "number.hpp"
 #include "emu/arith.hpp"
+#include "emu/block.hpp"
 #include "emu/convert.hpp"
 #include "emu/format.hpp"
 #include "emu/nearest.hpp"
@@ -196,6 +198,55 @@ py::array elementwise(ContextObject& c, const std::string& format, const std::ve
   return result_array(f, values, shape);
 }
 
+// ---- quantize -----------------------------------------------------------------------
+
+// x (C order) in consecutive blocks of a block format, as `emu quantize` with the same
+// options (--overflow only where given: elements saturate by default): (values,
+// elements, element_bits, scales, scale_bits, block_flags, tensor_scale, flags).
+py::tuple quantize_values(const Doubles& x, const std::string& format, const std::optional<std::string>& scale_rule,
+                          const Rounding& r, bool overflow_given, const std::optional<double>& tensor_scale) {
+  std::vector<std::string> args = {"--format", format, "--rounding", r.rounding, "--seed", r.seed, "--sr-bits",
+                                   r.sr_bits, "--rng", r.rng, "--tininess", r.tininess};
+  if (overflow_given) args.insert(args.end(), {"--overflow", r.overflow});
+  if (scale_rule) args.insert(args.end(), {"--scale-rule", *scale_rule});
+  if (tensor_scale) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%a", *tensor_scale);  // exact
+    args.insert(args.end(), {"--tensor-scale", text});
+  }
+  emu::cli::QuantizeSetup setup = emu::cli::quantize_from(parse("quantize", args));
+  const emu::BlockFormat& f = *setup.format;
+  const std::size_t n = static_cast<std::size_t>(x.size());
+  emu::BlockQuantized q;
+  {
+    py::gil_scoped_release release;
+    q = emu::quantize(f, {x.data(), n}, setup.spec, &setup.ctx.rng());
+  }
+  const auto shape = shape_of(x);
+  const auto blocks = static_cast<py::ssize_t>(q.scales.size());
+  py::array_t<double> values(shape), elements(shape), scales(blocks);
+  py::array_t<std::uint8_t> element_bits(shape), scale_bits(blocks);
+  py::array_t<std::int32_t> block_flags(blocks);
+  for (std::size_t i = 0; i < n; ++i) {
+    values.mutable_data()[i] = q.value(i, f);
+    elements.mutable_data()[i] = q.elements[i];
+    element_bits.mutable_data()[i] = static_cast<std::uint8_t>(q.element_bits[i]);
+  }
+  for (std::size_t b = 0; b < q.scales.size(); ++b) {
+    scales.mutable_data()[b] = q.scales[b].value;
+    scale_bits.mutable_data()[b] = static_cast<std::uint8_t>(q.scales[b].bits);
+    block_flags.mutable_data()[b] = static_cast<std::int32_t>(q.scales[b].flags);
+  }
+  return py::make_tuple(values, elements, element_bits, scales, scale_bits, block_flags, q.tensor_scale,
+                        static_cast<int>(q.flags));
+}
+
+std::vector<std::string> block_format_names() {
+  std::vector<std::string> out;
+  for (const char* const* name = emu::block_format_names(); *name != nullptr; ++name) out.emplace_back(*name);
+  return out;
+}
+
 // ---- dot and matmul -----------------------------------------------------------------
 
 struct UnitArgs {
@@ -371,6 +422,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("units", [] { return names(emu::unit_names()); });
   m.def("dot", &dot);
   m.def("matmul", &matmul);
+  m.def("quantize", &quantize_values);
+  m.def("block_formats", &block_format_names);
   m.def("flag_names", [] {
     std::vector<std::pair<std::string, int>> out;
     for (emu::Flag f : emu::kAllFlags) out.emplace_back(emu::flag_name(f), static_cast<int>(f));

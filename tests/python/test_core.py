@@ -179,6 +179,53 @@ def test_round_refuses_an_unfit_out(out, exception):
         roundoff.round(np.ones(10, np.float32), "fp16", out=out)
 
 
+@pytest.mark.parametrize("format, options", [
+    ("mxfp8-e4m3", {}), ("mxfp8-e5m2", {"scale_rule": "ceil"}), ("mxfp6-e2m3", {"scale_rule": "even"}),
+    ("mxfp6-e3m2", {"rounding": "sr", "seed": 9, "sr_bits": 3}), ("mxfp4-e2m1", {"overflow": "nan"}),
+    ("mxint8", {"rounding": "rz"}), ("nvfp4", {}),
+    ("nvfp4", {"scale_rule": "up", "tensor_scale": float(np.float32(0.001))}),
+])
+def test_quantize_matches_emu_quantize(format, options):
+    # Two and a half blocks of values with outliers, tiny values, zeros and a NaN block.
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(80) * np.exp(rng.uniform(-8, 4, 80))
+    x[3], x[40], x[41], x[70] = 3e4, 0.0, -0.0, 1e-30
+    if format != "nvfp4":
+        x[75] = math.nan
+    q = roundoff.quantize(x.reshape(8, 10), format, **options)
+    cli = [f"--{key.replace('_', '-')}={value.hex() if isinstance(value, float) else value}"  # floats exactly
+           for key, value in options.items()]
+    expected = emu("quantize", *map(repr, x), "--format", format, *cli)
+    assert q.values.shape == (8, 10) and len(q.scales) == len(set(e["block"] for e in expected))
+    flags = roundoff.Flags(0)
+    for i, e in enumerate(expected):
+        got, want = q.values.flat[i], emu_value(e["value"])
+        assert (math.isnan(got) and math.isnan(want)) or got == want, (i, e)
+        assert q.element_bits.flat[i] == int(e["bits"], 16) and q.elements.flat[i] == emu_value(e["element"])
+        b = e["block"]
+        scale = emu_value(e["scale"])
+        assert (math.isnan(q.scales[b]) and math.isnan(scale)) or q.scales[b] == scale
+        assert q.scale_bits[b] == int(e["scale_bits"], 16)
+        assert roundoff.Flags(int(q.block_flags[b])) == flags_of(e["block_flags"])
+        assert q.tensor_scale == e["tensor_scale"]
+        flags |= flags_of(e["block_flags"])
+    assert q.flags == flags
+
+
+@pytest.mark.parametrize("call, exception, message", [
+    (lambda: roundoff.quantize([1.0], "mxfp5"), ValueError, "--format: "),
+    (lambda: roundoff.quantize([1.0], "nvfp4", scale_rule="floor"), ValueError, "not a power of two"),
+    (lambda: roundoff.quantize([1.0], "mxfp8-e4m3", tensor_scale=2.0), ValueError, "has no tensor scale"),
+    (lambda: roundoff.quantize([1.0], "nvfp4", tensor_scale=-1.0), ValueError, "positive finite fp32"),
+    (lambda: roundoff.quantize([1.0], "nvfp4", tensor_scale="1"), TypeError, "tensor_scale must be a number"),
+    (lambda: roundoff.quantize([1.0], "mxfp4-e2m1", rounding="sr", sr_bits=99), ValueError, "--sr-bits"),
+])
+def test_quantize_bad_arguments(call, exception, message):
+    with pytest.raises(exception) as caught:
+        call()
+    assert message in str(caught.value)
+
+
 def test_bits_and_from_bits_round_trip_every_fp16_pattern():
     patterns = np.arange(1 << 16, dtype=np.uint16)
     values = roundoff.from_bits(patterns, "fp16")
