@@ -31,7 +31,7 @@ import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import roundoff_h5  # noqa: E402
+from roundoff import results as roundoff_h5  # noqa: E402 (PYTHONPATH=build/python)
 
 
 def varying(result, exclude=()):
@@ -292,9 +292,9 @@ def main(argv):
     parser.add_argument("--out", help="folder for the PNG files (default: the folder of RESULTS)")
     args = parser.parse_args(argv[1:])
     try:
-        result = roundoff_h5.read(args.results)
-    except (OSError, KeyError) as error:
-        print("plot.py: %s: not a readable sweep output (%s)" % (args.results, error), file=sys.stderr)
+        result = roundoff_h5.open(args.results)
+    except ValueError as error:
+        print("plot.py: %s" % error, file=sys.stderr)
         return 2
     if not result.done.any():
         print("plot.py: %s: no finished points to plot" % args.results, file=sys.stderr)

@@ -286,7 +286,7 @@ void print_summary(const std::string& path) {
     for (std::size_t c = 0; c < row.size(); ++c) out << (c ? "  " : "") << std::string(width[c] - row[c].size(), ' ') << row[c];
     out << '\n';
   }
-  if (not_shown) out << "... " << not_shown << " more points; all are in the file (scripts/roundoff_h5.py reads them)\n";
+  if (not_shown) out << "... " << not_shown << " more points; all are in the file (python3 -m roundoff.results reads them)\n";
   out << fp_exceptions_text(s);
   out << "output: " << path << '\n';
   std::cout << out.str() << std::flush;

@@ -21,7 +21,7 @@ if ! /usr/bin/python3 -c "import ipykernel" 2>/dev/null; then
   exit 77
 fi
 mkdir -p "$out"
-# The notebook runs from its own folder (it imports ../roundoff_h5.py).
+# The notebook runs from its own folder, importing roundoff from $PYTHONPATH (build/python).
 (cd "$root/scripts/notebooks" &&
   ROUNDOFF_H5="$h5" PYDEVD_DISABLE_FILE_VALIDATION=1 jupyter-nbconvert --to notebook --execute \
     --ExecutePreprocessor.timeout=120 --output-dir "$out" "$name.ipynb") >"$out/nbconvert.log" 2>&1 || {

@@ -21,12 +21,11 @@ h5="$work/swamping.h5"
 }
 
 # The file holds what the notebook reads: fp16 rne finals exactly 0.25, and a trace.
-"$python" - "$h5" "$root/scripts" <<'EOF'
+"$python" - "$h5" <<\'EOF\'
 import sys
-sys.path.insert(0, sys.argv[2])
 import numpy as np
-import roundoff_h5
-r = roundoff_h5.read(sys.argv[1])
+import roundoff
+r = roundoff.results.open(sys.argv[1])
 assert r.attrs["status"] == "complete" and r.done.all(), "sweep output not complete"
 fp16_rne = (r.points["format"] == "fp16") & (r.points["rounding"] == "rne")
 assert fp16_rne.sum() == 1 and (r.metrics["final"][fp16_rne] == 0.25).all(), "fp16 rne finals are not all 0.25"

@@ -47,12 +47,11 @@ zip:
 EOF
   run_sweep "$work/small.yaml" "$work/j1.h5" 1
   run_sweep "$work/small.yaml" "$work/j2.h5" 2
-  "$python" - "$work/j1.h5" "$work/j2.h5" "$root/scripts" <<'EOF'
+  "$python" - "$work/j1.h5" "$work/j2.h5" <<\'EOF\'
 import sys
-sys.path.insert(0, sys.argv[3])
 import numpy as np
-import roundoff_h5
-a, b = roundoff_h5.read(sys.argv[1]), roundoff_h5.read(sys.argv[2])
+import roundoff
+a, b = roundoff.results.open(sys.argv[1]), roundoff.results.open(sys.argv[2])
 assert a.attrs["status"] == "complete" and a.done.all(), "sweep output not complete"
 for name in a.metrics:
     assert np.array_equal(a.metrics[name], b.metrics[name], equal_nan=True), "-j1 and -j2 differ in " + name
@@ -92,12 +91,11 @@ sed 's/^replicas: [0-9]*$/replicas: 1/' "$root/configs/overflow_hunt.yaml" >"$wo
 grep -q '^replicas: 1$' "$work/overflow_hunt.yaml" || { echo "FAIL: the config has no replicas line to cut"; exit 1; }
 run_sweep "$work/overflow_hunt.yaml" "$h5" 2
 # The config's claims, from the file: each fix removes its own overflow, all give none.
-"$python" - "$h5" "$root/scripts" <<'EOF'
+"$python" - "$h5" <<\'EOF\'
 import sys
-sys.path.insert(0, sys.argv[2])
 import numpy as np
-import roundoff_h5
-r = roundoff_h5.read(sys.argv[1])
+import roundoff
+r = roundoff.results.open(sys.argv[1])
 assert r.attrs["status"] == "complete" and r.done.all(), "sweep output not complete"
 m, P = r.metrics, r.points
 ops = [name[len("oflo_"):] for name in m if name.startswith("oflo_") and name != "oflo_total"]

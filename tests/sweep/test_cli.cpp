@@ -529,7 +529,7 @@ TEST_CASE("the summary shows every point up to 1000 rows, then says how many mor
   REQUIRE(lines.size() == 1 + 1 + 1000 + 1 + 1);  // title, header, rows, "...", output
   CHECK(lines[2].find("    0  ") == 0);
   CHECK(lines[1001].find("  999  ") == 0);
-  CHECK(lines[1002] == "... 100 more points; all are in the file (scripts/roundoff_h5.py reads them)");
+  CHECK(lines[1002] == "... 100 more points; all are in the file (python3 -m roundoff.results reads them)");
   CHECK(lines[1003] == "output: t.h5");
 
   write_file(dir / "u.yaml", head + "  sr_bits: [0, 1, 2, 3, 4, 5, 6, 7, 8]\n");  // 990 points: all shown
