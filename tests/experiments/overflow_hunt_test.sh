@@ -47,7 +47,7 @@ zip:
 EOF
   run_sweep "$work/small.yaml" "$work/j1.h5" 1
   run_sweep "$work/small.yaml" "$work/j2.h5" 2
-  "$python" - "$work/j1.h5" "$work/j2.h5" <<\'EOF\'
+  "$python" - "$work/j1.h5" "$work/j2.h5" <<'EOF'
 import sys
 import numpy as np
 import roundoff
@@ -91,7 +91,7 @@ sed 's/^replicas: [0-9]*$/replicas: 1/' "$root/configs/overflow_hunt.yaml" >"$wo
 grep -q '^replicas: 1$' "$work/overflow_hunt.yaml" || { echo "FAIL: the config has no replicas line to cut"; exit 1; }
 run_sweep "$work/overflow_hunt.yaml" "$h5" 2
 # The config's claims, from the file: each fix removes its own overflow, all give none.
-"$python" - "$h5" <<\'EOF\'
+"$python" - "$h5" <<'EOF'
 import sys
 import numpy as np
 import roundoff
