@@ -50,9 +50,9 @@
 // ones are zeros, which change nothing).
 // NaN and infinity follow IEEE 754 over the whole dot product: a NaN element, a NaN
 // scale (E8M0 0xff, UE4M3 0x7f) or a NaN c gives NaN quietly (no flag: the quantiser
-// raised INV where an infinity made a scale NaN; MMA-Sim returns NaN for a NaN scale or
-// c); 0 * inf and inf - inf give NaN with INV; otherwise an infinite element or c gives
-// that infinity.
+// raised INV where an infinity made a scale NaN; MMA-Sim returns NaN, 0x7fffffff, for a
+// NaN scale or c; emu's fp32 NaN is its canonical one); 0 * inf and inf - inf give NaN
+// with INV; otherwise an infinite element or c gives that infinity.
 //
 // NVFP4's per-tensor fp32 scale is not applied here: as in cuBLASLt (its alpha), it
 // scales the MMA's result outside the tensor core; BlockQuantized::tensor_scale is
@@ -105,7 +105,8 @@ class BlockMmaUnit {
   // mxf8f6f4 with a scale other than E8M0; mxf4nvf4 with elements other than fp4-e2m1,
   // A and B scales of different formats, or a group size that does not divide both
   // block sizes and instruction_k; instruction_k outside 1..1024; kept bits outside
-  // 1..40; final_rounding sr.
+  // 1..40, or so many that an instruction's exact sum could reach 2^53; final_rounding
+  // sr.
   BlockMmaUnit(UnitKind device, const BlockFormat& a, const BlockFormat& b, BlockMmaParams params);
 
   UnitKind kind() const { return device_; }
@@ -126,10 +127,8 @@ class BlockMmaUnit {
   void gemm(Context& ctx, std::span<const BlockQuantized> rows, std::span<const BlockQuantized> cols, double* C,
             std::size_t ldc) const;
 
-  // An operand decoded for the adder (emu/block_mma.cpp).
-  struct Decoded;
-
  private:
+  struct Decoded;  // an operand decoded for the adder (emu/block_mma.cpp)
   Decoded decode(const BlockQuantized& q, const BlockFormat& f) const;
   double dot_decoded(Context& ctx, const Decoded& a, const Decoded& b, double c) const;
   double special(Context& ctx, const Decoded& a, const Decoded& b, double c) const;
