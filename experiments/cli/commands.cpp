@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "emu/block.hpp"
+#include "emu/block_mma.hpp"
 #include "emu/unit.hpp"
 #include "expression.hpp"
 #include "number.hpp"
@@ -154,8 +155,8 @@ A syntax error names the column (1-based).
 )HELP";
 
 const char* const kDotHelp = R"HELP(usage: emu dot --unit UNIT --a V1,V2,... --b V1,V2,... [--c C] [--in FMT] [--out FMT]
-               [--rounding R] [--seed S] [--sr-bits K] [--overflow P] [--rng G]
-               [--tininess before|after] [--json]
+               [--scale-rule R] [--rounding R] [--seed S] [--sr-bits K] [--overflow P]
+               [--rng G] [--tininess before|after] [--json]
 
 Prints c + sum a_i*b_i as UNIT computes it: value, bits (in the output format), flags
 (raised by the unit's computation). The a_i and b_i are first rounded into the input
@@ -169,6 +170,18 @@ roundings under the context and to the rounding of the inputs (the tensor cores'
 adder decides its own UFLO before rounding).
 JSON fields: unit, in, out, format (the output format, that of value and bits),
 rounding, value, bits, flags, input_flags.
+
+Block formats (--in mxfp8-e4m3 mxfp8-e5m2 mxfp6-e2m3 mxfp6-e3m2 mxfp4-e2m1 nvfp4) take
+--unit b200: Blackwell's block-scaled MMA, modelled after the PTX ISA and MMA-Sim (no
+measured data; emu/block_mma.hpp). a and b are each quantised into blocks along k as
+emu quantize does (the format's scale rule, or --scale-rule; elements rne, saturating),
+then c + sum a_i X_A b_i X_B runs as kind::mxf8f6f4 (32 products per instruction) or,
+for mxfp4-e2m1 and nvfp4, kind::mxf4 / kind::mxf4nvf4 (64), each instruction's result
+truncated to fp32; fp32 output only. nvfp4's tensor scales (those emu quantize gives a
+and b) are applied outside the MMA, as cuBLASLt's alpha: the MMA runs from zero, then
+d = alpha * result + c in one fp32 fma under --rounding, alpha = fp32(ts_a * ts_b).
+input_flags are the quantisation's (and alpha's); JSON adds kind (mxf8f6f4 or
+mxf4nvf4) and, for nvfp4, alpha. mxint8 and units other than b200 are refused.
 )HELP";
 
 const char* const kQuantizeHelp = R"HELP(usage: emu quantize [VALUE... | -] --format BLOCKFORMAT [--scale-rule R] [--rounding R]
@@ -206,8 +219,8 @@ scale_bits, block_flags (the scale's and all its elements'), tensor_scale.
 )HELP";
 
 const char* const kGemmHelp = R"HELP(usage: emu gemm --unit UNIT A.txt B.txt [C.txt] [--in FMT] [--out FMT]
-                [--rounding R] [--seed S] [--sr-bits K] [--overflow P] [--rng G]
-                [--tininess before|after] [--json]
+                [--scale-rule R] [--rounding R] [--seed S] [--sr-bits K] [--overflow P]
+                [--rng G] [--tininess before|after] [--json]
 
 Computes A*B + C through UNIT (see emu dot --help). Matrix files: one row per line,
 numbers separated by white space; blank lines and lines starting with # are skipped.
@@ -220,6 +233,9 @@ With --json, one object per element in row-major order, with fields unit, in, ou
 format (the output format, that of value and bits), rounding, row, col (from 0),
 value, bits, flags, input_flags (those of its row of A, its column of B and its C
 element).
+A block format (--in, with --unit b200; see emu dot --help) quantises each row of A and
+each column of B along k (nvfp4: one tensor scale for all of A, one for all of B) and
+runs Blackwell's block-scaled MMA per element; JSON adds kind and, for nvfp4, alpha.
 )HELP";
 
 std::string flags_json(Flags flags) {
@@ -370,6 +386,7 @@ std::vector<OptionSpec> command_options(std::string_view command) {
   if (command == "dot") known = with(std::move(known), {{"--a", true}, {"--b", true}, {"--c", true}});
   else if (command != "gemm") throw std::logic_error("command_options: unknown command");
   known.insert(known.end(), unit.begin(), unit.end());
+  known.push_back({"--scale-rule", true});  // block formats (b200's block-scaled MMA)
   return known;
 }
 
@@ -665,6 +682,9 @@ UnitSetup unit_from(const ParsedOptions& o, std::string_view command) {
     throw UsageError(std::string("--unit: ") + e.what());
   }
   std::optional<Format> in, out;
+  if (const auto v = o.get("--in"); v && is_block_format_name(*v))
+    throw UsageError("--in " + *v + ": a block format: emu dot and emu gemm take it with --unit b200");
+  if (o.has("--scale-rule")) throw UsageError("--scale-rule: only with a block format (--in mxfp8-e4m3, nvfp4, ...)");
   if (const auto v = o.get("--in")) in = format_named("--in", *v);
   if (const auto v = o.get("--out")) out = format_named("--out", *v);
   UnitSetup s;
@@ -709,6 +729,116 @@ std::vector<Exact> number_list(std::string_view option, const std::string& text)
   return values;
 }
 
+// ---- block formats: b200's block-scaled MMA (emu/block_mma.hpp) -------------------
+
+// --in naming a block format: the b200 unit for it, the quantisation spec of a and b
+// (the format's default scale rule or --scale-rule; elements rne, saturating, as emu
+// quantize) and the fixed JSON fields.
+struct BlockMmaSetup {
+  const BlockFormat* format = nullptr;
+  std::unique_ptr<BlockMmaUnit> unit;
+  BlockSpec spec;
+  std::string fixed_json;   // unit, in, out, format, rounding, kind
+  std::string description;  // the same for people
+};
+
+std::optional<BlockMmaSetup> block_mma_from(const ParsedOptions& o, std::string_view command) {
+  const auto in = o.get("--in");
+  if (!in || !is_block_format_name(*in)) return std::nullopt;
+  const auto unit_name = o.get("--unit");
+  if (!unit_name)
+    throw UsageError("emu " + std::string(command) + ": --unit is required (--unit b200 for --in " + *in + ")");
+  UnitKind kind;
+  try {
+    kind = unit_kind_by_name(*unit_name);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--unit: ") + e.what());
+  }
+  if (kind != UnitKind::b200)
+    throw UsageError("--unit " + *unit_name + ": block formats (--in " + *in +
+                     ") are taken by --unit b200 only (Blackwell's block-scaled MMA)");
+  if (const auto v = o.get("--out"); v && format_named("--out", *v) != fp32())
+    throw UsageError("--out " + *v + ": b200's block-scaled MMA gives fp32 output only");
+  BlockMmaSetup s;
+  s.format = &block_format_by_name(*in);
+  try {
+    s.unit = make_block_mma_unit(kind, *s.format, *s.format);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError("--in " + *in + ": " + e.what());
+  }
+  s.spec = default_block_spec(*s.format);
+  if (const auto r = o.get("--scale-rule")) {
+    try {
+      s.spec.rule = scale_rule_by_name(*r);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("--scale-rule: ") + e.what());
+    }
+    if (!s.format->accepts(s.spec.rule))
+      throw UsageError("--scale-rule " + *r + ": " + s.format->name() + "'s " + s.format->scale().name() +
+                       " scale is not a power of two (take up or nearest)");
+  }
+  const std::string kind_name = block_mma_kind_name(s.unit->params().kind);
+  s.fixed_json = "\"unit\": " + json_string(*unit_name) + ", \"in\": " + json_string(*in) +
+                 ", \"out\": \"fp32\", \"format\": \"fp32\", \"rounding\": " + json_string(rounding_from(o)) +
+                 ", \"kind\": " + json_string(kind_name);
+  s.description = "unit " + *unit_name + " block-scaled kind::" + kind_name + ", in " + *in + ", out fp32";
+  return s;
+}
+
+// `values` rounded to doubles and quantised along k, with `tensor_scale` for nvfp4.
+BlockQuantized quantize_along_k(const BlockMmaSetup& s, const std::vector<double>& values, double tensor_scale) {
+  BlockSpec spec = s.spec;
+  if (s.format->has_tensor_scale()) spec.tensor_scale = tensor_scale;
+  return quantize(*s.format, values, spec, nullptr);
+}
+
+double tensor_scale_of(const BlockMmaSetup& s, const std::vector<double>& values) {
+  return s.format->has_tensor_scale() ? default_tensor_scale(*s.format, values) : 1.0;
+}
+
+// nvfp4's epilogue: the MMA ran from zero; its result times alpha = fp32(ts_a * ts_b)
+// (rne), plus c, in one fp32 fused multiply-add under the context (cuBLASLt's alpha
+// applies the tensor scales outside the tensor core). MX formats: none (c was the MMA's
+// accumulator and alpha is 1).
+struct Epilogue {
+  bool applies = false;
+  double alpha = 1;
+  Flags alpha_flags = 0;
+};
+
+Epilogue epilogue_for(const BlockMmaSetup& s, double ts_a, double ts_b) {
+  Epilogue e;
+  if (!s.format->has_tensor_scale()) return e;
+  e.applies = true;
+  e.alpha = emu::round(fp32(), exact_mul(ts_a, ts_b), RoundSpec{Rounding::rne, Overflow::inf}, nullptr, e.alpha_flags);
+  return e;
+}
+
+std::string alpha_json(const Epilogue& e) { return e.applies ? ", \"alpha\": " + json_number(e.alpha) : ""; }
+
+int block_dot(const ParsedOptions& o, const BlockMmaSetup& s, const std::vector<Exact>& a_exact,
+              const std::vector<Exact>& b_exact, const Exact& c_exact, Output& out) {
+  Context ctx = context_from(o);
+  std::vector<double> a, b;
+  for (const auto& x : a_exact) a.push_back(round_nearest(fp64(), x));
+  for (const auto& x : b_exact) b.push_back(round_nearest(fp64(), x));
+  const double ts_a = tensor_scale_of(s, a), ts_b = tensor_scale_of(s, b);
+  const BlockQuantized qa = quantize_along_k(s, a, ts_a), qb = quantize_along_k(s, b, ts_b);
+  const Epilogue epilogue = epilogue_for(s, ts_a, ts_b);
+  Flags input_flags = qa.flags | qb.flags | epilogue.alpha_flags;
+  const double c = convert_input(fp32(), c_exact, ctx, input_flags);
+  double v = s.unit->dot(ctx, qa, qb, epilogue.applies ? 0.0 : c);
+  if (epilogue.applies) v = ctx.fma(fp32(), epilogue.alpha, v, c);
+  if (o.has("--json"))
+    out.line("{" + s.fixed_json + ", " + result_json(fp32(), v, ctx.status()) +
+             ", \"input_flags\": " + flags_json(input_flags) + alpha_json(epilogue) + "}");
+  else
+    out.line(result_text(fp32(), v, ctx.status()) + " (" + s.description +
+             (epilogue.applies ? ", alpha " + json_number(epilogue.alpha) : std::string()) + "; inputs quantised with " +
+             scale_rule_name(s.spec.rule) + " scales: flags " + flags_text(input_flags) + ")");
+  return 0;
+}
+
 int dot(const std::vector<std::string>& args, Output& out) {
   const auto o = parse_options("dot", args, command_options("dot"));
   if (!o.positionals.empty()) throw UsageError("emu dot: unexpected argument '" + o.positionals.front() + "'");
@@ -726,6 +856,7 @@ int dot(const std::vector<std::string>& args, Output& out) {
       throw UsageError("--c: malformed number '" + *c + "': " + e.what());
     }
   }
+  if (const auto block = block_mma_from(o, "dot")) return block_dot(o, *block, a_exact, b_exact, c_exact, out);
   const UnitSetup setup = unit_from(o, "dot");
   Context ctx = context_from(o);
   const Format& in = setup.unit->input_format();
@@ -800,11 +931,65 @@ void expect_rows(const Matrix& m, std::size_t rows, const std::string& why) {
                    std::to_string(rows));
 }
 
+// emu gemm with a block format: A's rows and B's columns quantised along k (nvfp4: one
+// tensor scale for all of A, one for all of B), then the block-scaled MMA per element.
+int block_gemm(const ParsedOptions& o, const BlockMmaSetup& s, const Matrix& A, const Matrix& B,
+               const std::optional<Matrix>& C, Output& out) {
+  Context ctx = context_from(o);
+  const std::size_t m = A.rows, n = B.cols, k = A.cols;
+  std::vector<double> a(m * k), b(k * n);
+  for (std::size_t e = 0; e < m * k; ++e) a[e] = round_nearest(fp64(), A.values[e]);
+  for (std::size_t e = 0; e < k * n; ++e) b[e] = round_nearest(fp64(), B.values[e]);
+  const double ts_a = tensor_scale_of(s, a), ts_b = tensor_scale_of(s, b);
+  std::vector<BlockQuantized> rows, cols;
+  for (std::size_t i = 0; i < m; ++i)
+    rows.push_back(quantize_along_k(s, std::vector<double>(a.begin() + i * k, a.begin() + (i + 1) * k), ts_a));
+  for (std::size_t j = 0; j < n; ++j) {
+    std::vector<double> column(k);
+    for (std::size_t p = 0; p < k; ++p) column[p] = b[p * n + j];
+    cols.push_back(quantize_along_k(s, column, ts_b));
+  }
+  const Epilogue epilogue = epilogue_for(s, ts_a, ts_b);
+  std::vector<double> c(m * n, 0.0);
+  std::vector<Flags> c_flags(m * n, 0);
+  if (C)
+    for (std::size_t e = 0; e < m * n; ++e) c[e] = convert_input(fp32(), C->values[e], ctx, c_flags[e]);
+
+  const bool json = o.has("--json");
+  Flags all_flags = 0, all_input_flags = 0;
+  for (std::size_t i = 0; i < m; ++i) {
+    std::string row_text;
+    for (std::size_t j = 0; j < n; ++j) {
+      ctx.clear_status();
+      const double c_ij = c[i * n + j];
+      double v = s.unit->dot(ctx, rows[i], cols[j], epilogue.applies ? 0.0 : c_ij);
+      if (epilogue.applies) v = ctx.fma(fp32(), epilogue.alpha, v, c_ij);
+      const Flags input_flags = rows[i].flags | cols[j].flags | c_flags[i * n + j] | epilogue.alpha_flags;
+      all_flags |= ctx.status();
+      all_input_flags |= input_flags;
+      if (json)
+        out.line("{" + s.fixed_json + ", \"row\": " + std::to_string(i) + ", \"col\": " + std::to_string(j) + ", " +
+                 result_json(fp32(), v, ctx.status()) + ", \"input_flags\": " + flags_json(input_flags) +
+                 alpha_json(epilogue) + "}");
+      else
+        row_text += (j ? std::string(" ") : std::string()) + shortest_decimal(fp32(), v);
+    }
+    if (!json) out.line(row_text);
+  }
+  if (!json)
+    out.line("flags " + flags_text(all_flags) + " (" + s.description +
+             (epilogue.applies ? ", alpha " + json_number(epilogue.alpha) : std::string()) + "; inputs quantised with " +
+             scale_rule_name(s.spec.rule) + " scales: flags " + flags_text(all_input_flags) + ")");
+  return 0;
+}
+
 int gemm(const std::vector<std::string>& args, Output& out) {
   const auto o = parse_options("gemm", args, command_options("gemm"));
   if (o.positionals.size() < 2 || o.positionals.size() > 3)
     throw UsageError("emu gemm: expected the files A.txt B.txt [C.txt]");
-  const UnitSetup setup = unit_from(o, "gemm");
+  const std::optional<BlockMmaSetup> block = block_mma_from(o, "gemm");
+  UnitSetup setup;
+  if (!block) setup = unit_from(o, "gemm");
   Context ctx = context_from(o);
   const Matrix A = read_matrix(o.positionals[0]), B = read_matrix(o.positionals[1]);
   expect_rows(B, A.cols, "A*B with A = " + A.path + " (" + std::to_string(A.cols) + " columns)");
@@ -816,6 +1001,7 @@ int gemm(const std::vector<std::string>& args, Output& out) {
       throw UsageError(C->path + ":" + std::to_string(C->lines.front()) + ": " + std::to_string(C->cols) +
                        " columns, but A*B + C with B = " + B.path + " needs " + std::to_string(B.cols));
   }
+  if (block) return block_gemm(o, *block, A, B, C, out);
   const std::size_t m = A.rows, n = B.cols, k = A.cols;
   const Format& in = setup.unit->input_format();
   const Format& out_format = setup.unit->output_format();
@@ -877,7 +1063,8 @@ std::string main_help() {
   std::string blocks;
   for (const char* const* n = block_format_names(); *n != nullptr; ++n) blocks += std::string(" ") + *n;
   return kMainHelp + wrapped("Formats: " + format_list_text() + ".") +
-         wrapped("Block formats (emu quantize):" + blocks + ".") + kMainHelpTail;
+         wrapped("Block formats (emu quantize; emu dot and gemm --unit b200 but mxint8):" + blocks + ".") +
+         kMainHelpTail;
 }
 
 }  // namespace

@@ -649,6 +649,167 @@ for r in rs:
 rc, out, _ = emu("gemm", "--unit", "exact", A, B)
 check(rc == 0 and len(out.splitlines()) == 3, f"gemm for people: {out!r}")
 
+# ---- b200's block-scaled MMA: emu dot/gemm with a block format ----------------------
+# Oracle: the model emu/block_mma.hpp documents (after the PTX ISA and MMA-Sim; no
+# measured data), written here with fractions on the elements and scales that
+# `emu quantize --json` reports: kind::mxf8f6f4 (K 32, 25 kept bits, each product's
+# exponent its elements' plus its scales'), kind::mxf4/mxf4nvf4 (mxfp4-e2m1 and nvfp4: K
+# 64, sums of 16 products with the scales' exponents, 35 kept bits); terms truncated
+# below the largest exponent, summed exactly, rz into fp32, instructions chained.
+ELEMENT_EMIN = {"mxfp8-e4m3": -6, "mxfp8-e5m2": -14, "mxfp6-e2m3": 0, "mxfp6-e3m2": -2, "mxfp4-e2m1": 0,
+                "nvfp4": 0}
+
+
+def floor_log2(x):
+    e = x.numerator.bit_length() - x.denominator.bit_length()
+    return e - 1 if x < Fraction(2) ** e else e
+
+
+def block_mma_oracle(fmt, a, b, c):
+    """a, b: [(element, scale)] as Fractions; c a Fraction. Returns (value, flags)."""
+    grouped = fmt in ("mxfp4-e2m1", "nvfp4")
+    K, kept = (64, 35) if grouped else (32, 25)
+    scale_emin = -6 if fmt == "nvfp4" else -127
+    emin = ELEMENT_EMIN[fmt]
+    flags = set()
+    for first in range(0, len(a), K):
+        end = min(first + K, len(a))
+        if c == "-0":  # a result rz made -0: a zero accumulator
+            c = Fraction(0)
+        terms = [(c, max(floor_log2(abs(c)), -126))] if c else []
+        if grouped:
+            for g in range(first, end, 16):
+                s = sum(a[i][0] * b[i][0] for i in range(g, min(g + 16, end)))
+                sa, sb = a[g][1], b[g][1]
+                if s and sa and sb:
+                    terms.append((s * sa * sb, max(floor_log2(sa), scale_emin) + max(floor_log2(sb), scale_emin)))
+        else:
+            for i in range(first, end):
+                (x, sa), (y, sb) = a[i], b[i]
+                if x and y:
+                    terms.append((x * sa * y * sb, max(floor_log2(abs(x)), emin) + max(floor_log2(abs(y)), emin)
+                                  + floor_log2(sa) + floor_log2(sb)))
+        if not terms:
+            c = Fraction(0)
+            continue
+        q = Fraction(2) ** (max(e for _, e in terms) - kept)
+        total = Fraction(0)
+        for v, _ in terms:
+            n = int(v / q)  # toward zero
+            if n * q != v:
+                flags.add("INEXACT")
+            total += n * q
+        if abs(total) >= Fraction(2) ** 128:
+            return ("inf" if total > 0 else "-inf"), flags | {"OFLO", "INEXACT"}
+        c, f = FP32.round(total, "rz")
+        flags |= f
+    return c, flags
+
+
+def quantized_operand(fmt, values, *options):
+    rs = emu_json("quantize", "--format", fmt, *[repr(v) for v in values], *options)
+    flags = set()
+    for r in rs:
+        flags |= set(r["block_flags"])
+    return [(Fraction(r["element"]), Fraction(r["scale"])) for r in rs], Fraction(rs[0]["tensor_scale"]), flags
+
+
+def block_expected(fmt, a_values, b_values, c, *options, ts_a=None, ts_b=None):
+    """The documented result of emu dot/gemm --unit b200 --in fmt: (value, flags, input flags, alpha)."""
+    more_a = ["--tensor-scale", float(ts_a).hex()] if ts_a is not None else []  # exact
+    more_b = ["--tensor-scale", float(ts_b).hex()] if ts_b is not None else []
+    qa, ta, fa = quantized_operand(fmt, a_values, *options, *more_a)
+    qb, tb, fb = quantized_operand(fmt, b_values, *options, *more_b)
+    if fmt != "nvfp4":
+        value, flags = block_mma_oracle(fmt, qa, qb, c)
+        return value, flags, fa | fb, None
+    # nvfp4: the MMA from zero, then alpha = fp32(ts_a * ts_b) and one fp32 fma with c (rne).
+    acc, flags = block_mma_oracle(fmt, qa, qb, Fraction(0))
+    alpha, alpha_flags = FP32.round(ta * tb)
+    acc = Fraction(0) if acc == "-0" else acc
+    value, f = FP32.round(alpha * acc + c)
+    return value, flags | f, fa | fb | alpha_flags, float(alpha)
+
+
+gen = random.Random(2025)
+block_cases = 0
+for fmt in ["mxfp8-e4m3", "mxfp8-e5m2", "mxfp6-e2m3", "mxfp6-e3m2", "mxfp4-e2m1", "nvfp4"]:
+    for k in (32, 64, 100):
+        for trial in range(3):
+            a = [gen.gauss(0, 1) * 2.0 ** gen.randint(-8, 8) for _ in range(k)]
+            b = [gen.gauss(0, 1) for _ in range(k)]
+            if trial == 1:  # cancellation: b's second half undoes its first
+                a = a[:k // 2] * 2
+                b = b[:k // 2] + [-x for x in b[:k // 2]]
+                a, b = a[:k], b[:k] + [1.0] * (k - len(b))
+            c = float(FP32.round(Fraction(gen.gauss(0, 4)))[0])
+            options = ["--scale-rule", "ceil"] if trial == 2 and fmt != "nvfp4" else []
+            [r] = emu_json("dot", "--unit", "b200", "--in", fmt, "--a", ",".join(map(repr, a)),
+                           "--b", ",".join(map(repr, b)), "--c", repr(c), *options)
+            value, flags, input_flags, alpha = block_expected(fmt, a, b, Fraction(c), *options)
+            want = {"unit": "b200", "in": fmt, "out": "fp32", "format": "fp32", "value": as_json_value(value),
+                    "bits": f"0x{FP32.bits(value):08x}", "flags": ordered(flags), "input_flags": ordered(input_flags),
+                    "kind": "mxf4nvf4" if fmt in ("mxfp4-e2m1", "nvfp4") else "mxf8f6f4"}
+            if alpha is not None:
+                want["alpha"] = alpha
+            got = {key: r.get(key) for key in want}
+            check(got == want and ("alpha" in r) == (alpha is not None), f"dot --in {fmt} k {k}: {got} != {want}")
+            block_cases += 1
+check(block_cases == 54, f"block dot cases run: {block_cases}")
+
+# Hand-worked (kind::mxf4): block 0 quantises to scale 1, group 0's sum is
+# 6*6 + 6*(-6) + 0.5*0.5 = 0.25 with exponent 0 (its scales'), c = -0.25 cancels it.
+# Block 1: 1.5 * 2^-20 and 0.5 * 2^-15 quantise to 6 * 2^-22 and 4 * 2^-18 (floor rule):
+# the term 24 * 2^-40 = 0.75 * 2^-35 is 0.75 units of 2^(0 - 35): cut, d = +0 INEXACT.
+# With 0.5 * 2^-20 and 0.5 * 2^-13 (4 * 2^-23, 4 * 2^-16) it is 2^-35, one unit: kept.
+for a32, b32, value, flags in [("0x1.8p-20", "0x1p-16", 0.0, ["INEXACT"]), ("0x1p-21", "0x1p-14", 2.0 ** -35, [])]:
+    a = ["6", "6", "0.5"] + ["0"] * 29 + [a32] + ["0"] * 31
+    b = ["6", "-6", "0.5"] + ["0"] * 29 + [b32] + ["0"] * 31
+    [r] = emu_json("dot", "--unit", "b200", "--in", "mxfp4-e2m1", "--a", ",".join(a), "--b", ",".join(b),
+                   "--c", "-0.25")
+    check(r["value"] == value and r["flags"] == flags and r["kind"] == "mxf4nvf4", f"mxf4 hand-worked: {r}")
+
+# gemm: A's rows and B's columns quantised along k = 40 (a short last block); nvfp4 with
+# one tensor scale for all of A and one for all of B.
+for fmt in ["mxfp8-e4m3", "nvfp4"]:
+    m, k, n = 2, 40, 3
+    A_rows = [[gen.gauss(0, 1) * 2.0 ** gen.randint(-3, 3) for _ in range(k)] for _ in range(m)]
+    B_rows = [[gen.gauss(0, 1) for _ in range(n)] for _ in range(k)]
+    C_rows = [[float(FP32.round(Fraction(gen.gauss(0, 1)))[0]) for _ in range(n)] for _ in range(m)]
+    A_file = write(f"A_{fmt}.txt", "\n".join(" ".join(map(repr, row)) for row in A_rows) + "\n")
+    B_file = write(f"B_{fmt}.txt", "\n".join(" ".join(map(repr, row)) for row in B_rows) + "\n")
+    C_file = write(f"C_{fmt}.txt", "\n".join(" ".join(map(repr, row)) for row in C_rows) + "\n")
+    rs = emu_json("gemm", "--unit", "b200", "--in", fmt, A_file, B_file, C_file)
+    check(len(rs) == m * n, f"gemm --in {fmt}: {len(rs)} elements")
+    ts_a = ts_b = None
+    if fmt == "nvfp4":
+        ts_a = quantized_operand(fmt, [x for row in A_rows for x in row])[1]
+        ts_b = quantized_operand(fmt, [x for row in B_rows for x in row])[1]
+    for r in rs:
+        i, j = r["row"], r["col"]
+        column = [B_rows[p][j] for p in range(k)]
+        value, flags, input_flags, alpha = block_expected(fmt, A_rows[i], column, Fraction(C_rows[i][j]),
+                                                          ts_a=ts_a, ts_b=ts_b)
+        check(r["value"] == as_json_value(value) and r["flags"] == ordered(flags)
+              and r["input_flags"] == ordered(input_flags) and r.get("alpha") == alpha,
+              f"gemm --in {fmt} element {i},{j}: {r} != {value} {flags} {input_flags} {alpha}")
+    rc, out, _ = emu("gemm", "--unit", "b200", "--in", fmt, A_file, B_file)
+    check(rc == 0 and len(out.splitlines()) == m + 1 and "block-scaled" in out, f"gemm --in {fmt} for people: {out!r}")
+
+for args, needle in [(["dot", "--unit", "h100", "--in", "mxfp8-e4m3", "--a", "1", "--b", "1"], "b200"),
+                     (["dot", "--unit", "b200", "--in", "mxint8", "--a", "1", "--b", "1"], "mxint8"),
+                     (["dot", "--unit", "b200", "--in", "nvfp4", "--out", "fp16", "--a", "1", "--b", "1"], "fp32"),
+                     (["dot", "--unit", "b200", "--a", "1", "--b", "1", "--scale-rule", "floor"], "block format"),
+                     (["dot", "--unit", "b200", "--in", "nvfp4", "--a", "1", "--b", "1", "--scale-rule", "floor"],
+                      "floor"),
+                     (["dot", "--unit", "b200", "--in", "mxfp8-e4m3", "--a", "1", "--b", "1", "--scale-rule", "x"],
+                      "scale rule"),
+                     (["gemm", "--unit", "ipu-amp", "--in", "nvfp4", A, B], "b200")]:
+    rc, out, err = emu(*args)
+    check(rc == 2 and len(err.strip().splitlines()) == 1 and needle in err, f"emu {args}: exit {rc}, stderr {err!r}")
+rc, out, _ = emu("dot", "--help")
+check(rc == 0 and "b200" in out and "mxf8f6f4" in out and "alpha" in out, "dot --help tells of block formats")
+
 # ---- bad input: exit 2 with one line on stderr; never a traceback-like dump ---------
 
 BAD_B = write("bad_B.txt", "1 2\n3\n")
