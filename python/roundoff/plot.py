@@ -64,7 +64,7 @@ from matplotlib import colors as mcolors
 from matplotlib import ticker
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
+from matplotlib.patches import Patch, Rectangle
 
 from . import results as _results
 
@@ -248,8 +248,8 @@ class Axis:
     level_of: dict point -> index into levels
     """
 
-    def __init__(self, results, names, points):
-        self.groups = names
+    def __init__(self, results, names, points, labeler=None):
+        self.groups, self.labeler = names, labeler
         first = [g[0] for g in names]
         tuples = [tuple(results.points[n][p] for n in first) for p in points]
         self.numeric = len(first) == 1 and _is_numeric(results.points[first[0]]) \
@@ -269,9 +269,21 @@ class Axis:
         return [n for g in self.groups for n in g]
 
     def title(self):
+        if self.labeler is not None and getattr(self.labeler, "title", None):
+            return self.labeler.title(self.groups) or self._title()
+        return self._title()
+
+    def _title(self):
         return ", ".join(" = ".join(g) for g in self.groups)
 
-    def label(self, i):
+    def label(self, i, full=False):
+        """Level i as text (full: merged parameters named, as a panel's title wants)."""
+        if self.labeler is not None:
+            text = self.labeler(self.groups, self.levels[i])
+            if text is not None:
+                return text
+        if full and len(self.groups) == 1 and len(self.groups[0]) > 1:
+            return "%s = %s" % (" = ".join(self.groups[0]), _number(self.levels[i][0]))
         return " ".join(_value_text(g[0], v) for g, v in zip(self.groups, self.levels[i]))
 
     def value(self, i):
@@ -295,7 +307,7 @@ def _merge_equal_columns(results, names, points):
     return groups
 
 
-def grid_axes(results, points, explicit=()):
+def grid_axes(results, points, explicit=(), labeler=None):
     """The axes of the grid over `points`: each parameter named in `explicit` (a name or a
     tuple of names, one axis each), then every other parameter that varies over them: one
     axis per parameter crossed with all the others (a `grid` key), and one for the
@@ -308,7 +320,7 @@ def grid_axes(results, points, explicit=()):
         names = [n for n in names if len(set(results.points[n][points].tolist())) > 1]
         used.update(names)
         if names:
-            axes.append(Axis(results, _merge_equal_columns(results, names, points), points))
+            axes.append(Axis(results, _merge_equal_columns(results, names, points), points, labeler))
     varying = [n for n, v in results.points.items()
                if n not in used and len(set(v[points].tolist())) > 1]
 
@@ -320,9 +332,9 @@ def grid_axes(results, points, explicit=()):
     zipped = [n for n in varying if n not in crossed]
     for n in varying:
         if n in crossed:
-            axes.append(Axis(results, [[n]], points))
+            axes.append(Axis(results, [[n]], points, labeler))
         elif n == zipped[0]:
-            axes.append(Axis(results, _merge_equal_columns(results, zipped, points), points))
+            axes.append(Axis(results, _merge_equal_columns(results, zipped, points), points, labeler))
     return axes
 
 
@@ -335,10 +347,10 @@ class Layout:
     at most 10 values; style the next of at most 4; then columns, then rows (several
     axes left for rows are crossed into one)."""
 
-    def __init__(self, results, points, roles=None, x_is_trace=False):
+    def __init__(self, results, points, roles=None, x_is_trace=False, labeler=None):
         roles = dict(roles or {})
         explicit = [roles[k] for k in ("x", "hue", "style", "cols", "rows") if roles.get(k) is not None]
-        axes = grid_axes(results, points, explicit)
+        axes = grid_axes(results, points, explicit, labeler)
         by_spec = {}
         for spec in explicit:
             first = spec if isinstance(spec, str) else spec[0]
@@ -381,6 +393,10 @@ class Layout:
             self.extra_rows = [self.rows] + rest
         self.points = list(points)
         self._row_keys = list(dict.fromkeys(self.row_key(p) for p in self.points))
+        # Columns alone, more than three: wrapped into a near-square grid.
+        self.wrap = None
+        if self.cols is not None and not self.extra_rows and len(self.cols) > 3:
+            self.wrap = max(2, math.ceil(math.sqrt(len(self.cols))))
         self._col_keys = list(range(len(self.cols))) if self.cols is not None else [0]
 
     def shown(self):
@@ -395,20 +411,26 @@ class Layout:
         return tuple(a.level_of[p] for a in self.extra_rows)
 
     def panel_of(self, p):
+        if self.wrap:
+            return divmod(self.cols.level_of[p], self.wrap)
         r = self._row_keys.index(self.row_key(p))
         c = self.cols.level_of[p] if self.cols is not None else 0
         return r, c
 
     def shape(self):
+        if self.wrap:
+            return math.ceil(len(self.cols) / self.wrap), self.wrap
         return len(self._row_keys), len(self._col_keys)
 
     def panel_title(self, r, c):
+        if self.wrap:
+            return self.cols.label(r * self.wrap + c, full=True)
         parts = []
         key = self._row_keys[r]
         for axis, level in zip(self.extra_rows, key):
-            parts.append(axis.label(level))
+            parts.append(axis.label(level, full=True))
         if self.cols is not None:
-            parts.append(self.cols.label(c))
+            parts.append(self.cols.label(self._col_keys[c], full=True))
         return ", ".join(parts)
 
     def line_key(self, p):
@@ -516,14 +538,17 @@ def _metric_nonfinite(results, metric, summary, points):
 
 
 def metric_figure(results, metrics, points=None, roles=None, references=None, title=None, value_label=None,
-                  value_scale=None, caption=None):
+                  value_scale=None, caption=None, labeler=None):
     """One figure of one or several metrics over the grid (a panel column per metric when
-    there are several and no other columns). references(ax, metric, panel_points) draws
-    reference lines (returning legend entries) without changing the value axis' limits."""
+    there are several and no other columns). roles: as Layout takes them; references(ax,
+    metric, panel_points) draws reference lines (returning legend entries) without
+    changing the value axis' limits; labeler(names, values) -> text names an axis' level
+    (and labeler.title(names) the axis) where the default would not read well; names are
+    the axis' groups of parameters with equal values, one value per group."""
     if isinstance(metrics, str):
         metrics = [metrics]
     points = _drawable_points(results) if points is None else list(points)
-    layout = Layout(results, points, roles)
+    layout = Layout(results, points, roles, labeler=labeler)
     per_metric_columns = len(metrics) > 1
     if per_metric_columns and layout.cols is not None:
         raise ValueError("metric_figure: several metrics need a layout without panel columns")
@@ -552,6 +577,7 @@ def metric_figure(results, metrics, points=None, roles=None, references=None, ti
                 ax.set_axis_off()
                 continue
             _draw_metric_panel(ax, layout, summary, panel, horizontal, scale, extra_legend)
+            _value_limits(ax, metric, summary, scale, horizontal)
             label = value_label(metric) if value_label else metric
             if horizontal:
                 ax.set_xlabel(label)
@@ -578,6 +604,17 @@ def metric_figure(results, metrics, points=None, roles=None, references=None, ti
                     for h, lines in notes])
 
 
+def _value_limits(ax, metric, summary, scale, horizontal):
+    """Fractions on a linear axis span [0, 1] in every panel; a symmetric-log axis of
+    values >= 0 starts at 0."""
+    values = summary.finite_values()
+    get, set_ = (ax.get_xlim, ax.set_xlim) if horizontal else (ax.get_ylim, ax.set_ylim)
+    if scale[0] == "linear" and metric.startswith("frac") and values and min(values) >= 0 and max(values) <= 1:
+        set_(-0.04, 1.04)
+    elif scale[0] == "symlog" and values and min(values) >= 0:
+        set_(0, get()[1])
+
+
 def _where_text(layout, horizontal):
     parts = []
     if layout.x is not None:
@@ -589,7 +626,8 @@ def _where_text(layout, horizontal):
     if layout.cols is not None or layout.extra_rows:
         parts.append("panels: %s" % ", ".join(a.title() for a in ([layout.cols] if layout.cols else [])
                                                + layout.extra_rows))
-    return "; ".join(parts).capitalize() if parts else "All points"
+    text = "; ".join(parts)
+    return text[0].upper() + text[1:] if text else "All points"
 
 
 def _keeping_limits(ax, draw):
@@ -650,7 +688,7 @@ def _draw_metric_panel(ax, layout, summary, panel, horizontal, scale, legend):
             ax.set_yticklabels(labels, fontsize=7.5)
             ax.set_ylim(len(layout.x) - 0.5, -0.5)
             if ax.get_subplotspec().is_first_col():
-                ax.set_ylabel(layout.x.title())
+                ax.set_ylabel(_wrap(layout.x.title(), 50))
         else:
             ax.set_xticks(list(ticks))
             ax.set_xticklabels(labels, fontsize=8, rotation=30 if max(map(len, labels)) > 5 else 0,
@@ -693,15 +731,17 @@ def _trace_rows(results, trace, p):
 
 
 def trace_figure(results, trace, points=None, roles=None, references=None, title=None, y_label=None,
-                 value_scale=None, caption=None, x_label=None):
+                 value_scale=None, caption=None, x_label=None, smooth=False, labeler=None):
     """A trace against its x axis (step, k, bn_layer), median and range over replicas, the
     grid's axes as colours, styles and panels. references(ax, panel_points) draws
-    reference lines and returns legend entries."""
+    reference lines and returns legend entries. smooth: a noisy trace (a batch loss) is
+    drawn as its running mean over 1/50 of its length (said in the title)."""
     points = [p for p in (_drawable_points(results) if points is None else points)
               if len(_trace_rows(results, trace, p)[0])]
     if not points:
         return None
-    layout = Layout(results, points, roles, x_is_trace=True)
+    layout = Layout(results, points, roles, x_is_trace=True, labeler=labeler)
+    window = max(1, max(len(_trace_rows(results, trace, p)[0]) for p in points) // 50) if smooth else 1
     rows, cols = layout.shape()
     fig, axes = _new_figure(rows, cols, 4.3, 3.1)
     x_name = results.trace_x[trace]
@@ -724,6 +764,14 @@ def trace_figure(results, trace, points=None, roles=None, references=None, title
             color = layout.color(key)
             x, y = _trace_rows(results, trace, p)
             finite_runs = np.isfinite(y).all(axis=0)
+            if not finite_runs.all():
+                first = x[np.argmin(finite_runs)]
+                _edge_marks(ax, [first], False, color, key[0] * (len(layout.style) if layout.style else 1) + key[1])
+                extra_legend.setdefault("first inf/NaN (some replica)", _nonfinite_handle())
+                bad[p] = first
+            if window > 1 and len(x) >= window:
+                x, y = _running_mean(x, window), np.array([_running_mean(row, window) for row in y])
+                finite_runs = np.isfinite(y).all(axis=0)
             med = np.where(finite_runs, np.median(np.where(np.isfinite(y), y, 0), axis=0), np.nan)
             if scale[0] == "log":
                 med = np.where(med > 0, med, np.nan)
@@ -734,11 +782,6 @@ def trace_figure(results, trace, points=None, roles=None, references=None, title
                 if scale[0] == "log":
                     low = np.where(low > 0, low, np.nan)
                 ax.fill_between(x, low, high, color=color, alpha=0.18, lw=0)
-            if not finite_runs.all():
-                first = x[np.argmin(finite_runs)]
-                _edge_marks(ax, [first], False, color, key[0] * (len(layout.style) if layout.style else 1) + key[1])
-                extra_legend.setdefault("first inf/NaN (some replica)", _nonfinite_handle())
-                bad[p] = first
         _apply_value_scale(ax, scale, "y")
         ax.set_xlabel(x_label or AXIS_LABELS.get(x_name, x_name))
         ax.set_ylabel(y_label or trace)
@@ -749,6 +792,8 @@ def trace_figure(results, trace, points=None, roles=None, references=None, title
     layout.legend(fig, [(h, lbl) for lbl, h in extra_legend.items()], markers=False)
     replicas = int(results.done_replicas[points].sum(axis=1).max())
     what = "median and range over %d replicas" % replicas if replicas > 1 else "one replica"
+    if window > 1:
+        what += ", running mean over %d %ss" % (window, x_name)
     fig.suptitle(_wrap(title or "%s: %s (%s)" % (results.experiment, trace, what)), fontsize=10)
     constants = _constants_text(results, points, layout.shown())
     if constants:
@@ -767,6 +812,11 @@ def trace_figure(results, trace, points=None, roles=None, references=None, title
     meaning = results.meanings.get(trace, "")
     return _finish(fig, caption or "%s: %s. %s, %s.%s" % (trace, meaning, _where_text(layout, False), what, extra),
                    notes)
+
+
+def _running_mean(values, window):
+    """Mean of each `window` consecutive values (len - window + 1 of them)."""
+    return np.convolve(values, np.ones(window) / window, mode="valid")
 
 
 def trace_zero_only_at_start(results, trace, points):
@@ -1142,10 +1192,10 @@ def _train(results):
     out = []
     roles = {"hue": "update"} if "update" in results.varying() else None
     if "loss" in results.traces:
-        fig = trace_figure(results, "loss", points, roles=roles, y_label="mean batch loss",
+        fig = trace_figure(results, "loss", points, roles=roles, y_label="mean batch loss", smooth=True,
                            caption="The mean training loss of each step's batch (as computed, in the model's "
-                                   "arithmetic), a line per update strategy (median over replicas, band: "
-                                   "their range).")
+                                   "arithmetic), a line per update strategy: median over replicas of the "
+                                   "running mean over 1/50 of the run (band: the replicas' range).")
         if fig is not None:
             out.append(("loss", fig))
     if "loss_scale" in results.traces:
@@ -1171,6 +1221,10 @@ def _train(results):
                 out.append((trace, fig))
     drawable = _drawable_metrics(results, points)
     covered = set()
+    # A numeric x (at least three values: lr, epochs, ...) with a line per update strategy;
+    # else the axis with most values on x (the update strategies, or a zip of setups).
+    numeric = [a for a in grid_axes(results, points) if a.numeric and len(a) >= 3]
+    roles = roles if numeric else None
     for suffix, group in TRAIN_GROUPS:
         metrics = [m for m in group if m in drawable]
         if not metrics:
@@ -1207,33 +1261,51 @@ def _grad_format(results, p):
 
 
 def _atlas(results, points, panel_w, panel_h):
-    """Small multiples with a panel per point: rows along the largest axis, columns the
-    others crossed (at most 6, else wrapped)."""
-    axes = grid_axes(results, points)
-    axes.sort(key=len, reverse=True)
-    if len(points) <= 4 or not axes:
-        rows, cols = 1, len(points)
-        where = {p: (0, i) for i, p in enumerate(points)}
-    else:
+    """Small multiples with a panel per point. Up to four points: one row, each panel titled
+    with its point. Else a facet grid: a row per value of the grid's largest axis (named
+    right of the row) and a column per combination of the others (named above the top
+    row) when there are at most six of those; beyond that, rows of four titled panels.
+    Returns the figure, the panels, point -> (row, col)."""
+    axes = sorted(grid_axes(results, points), key=len, reverse=True)
+    names = [n for a in axes for n in a.params()]
+    facet = None
+    if len(points) > 4 and axes:
         row_axis, others = axes[0], axes[1:]
         col_keys = list(dict.fromkeys(tuple(a.level_of[p] for a in others) for p in points))
         if len(col_keys) <= 6:
-            rows, cols = len(row_axis), len(col_keys)
-            where = {p: (row_axis.level_of[p], col_keys.index(tuple(a.level_of[p] for a in others))) for p in points}
-        else:
-            cols = 4
-            rows = math.ceil(len(points) / cols)
-            where = {p: divmod(i, cols) for i, p in enumerate(points)}
+            facet = (row_axis, others, col_keys)
+    if facet is None:
+        cols = min(4, len(points))
+        rows = math.ceil(len(points) / cols)
+        where = {p: divmod(i, cols) for i, p in enumerate(points)}
+    else:
+        row_axis, others, col_keys = facet
+        rows, cols = len(row_axis), len(col_keys)
+        where = {p: (row_axis.level_of[p], col_keys.index(tuple(a.level_of[p] for a in others))) for p in points}
     fig, grid = _new_figure(rows, cols, panel_w, panel_h, sharex=True, sharey=True)
     for (r, c), ax in np.ndenumerate(grid):
         if (r, c) not in where.values():
             ax.set_axis_off()
-    names = [n for a in axes for n in a.params()]
-    return fig, grid, where, names
+    if facet is None:
+        for p in points:
+            grid[where[p]].set_title(_wrap(_point_text(results, p, names), 48), fontsize=7)
+    else:
+        for c, key in enumerate(col_keys):
+            grid[0][c].set_title(_wrap(", ".join(a.label(i) for a, i in zip(others, key)), 48), fontsize=7.5)
+        for r in range(rows):
+            grid[r][-1].annotate(_wrap(row_axis.label(r), 26), xy=(1.04, 0.5), xycoords="axes fraction",
+                                 ha="left", va="center", fontsize=7.5)
+    return fig, grid, where
+
+
+def _bottom_legend(fig, legend):
+    if legend:
+        fig.legend(list(legend.values()), list(legend.keys()), loc="upper center", bbox_to_anchor=(0.5, 0.0),
+                   frameon=False, fontsize=8, ncol=min(4, len(legend)))
 
 
 def _train_hist(results, points, layers):
-    fig, grid, where, names = _atlas(results, points, 3.4, 2.4)
+    fig, grid, where = _atlas(results, points, 3.0, 2.0)
     legend = {}
     for p in points:
         ax = grid[where[p]]
@@ -1243,27 +1315,27 @@ def _train_hist(results, points, layers):
             if not len(steps):
                 continue
             pooled = h.mean(axis=0)
-            ax.stairs(pooled[1:57], np.arange(-40, 17), color="C%d" % i, lw=1.3)
+            ax.stairs(pooled[1:57], np.arange(-40, 17), color="C%d" % i, lw=1.2)
             legend.setdefault(layer, Line2D([], [], color="C%d" % i, lw=1.3))
-            notes.append("%s %.2g%%" % (layer, 100 * pooled[0]) + (" inf %.2g%%" % (100 * pooled[57]) if pooled[57]
-                                                                     else ""))
+            notes.append("%s %.2g%%" % (layer, 100 * pooled[0])
+                         + (" (inf/NaN %.2g%%)" % (100 * pooled[57]) if pooled[57] else ""))
         info = _format_info(_grad_format(results, p))
         if info is not None:
             for handle, label in _format_range_lines(ax, info, -40, 16):
-                legend.setdefault(label + " (grad format)", handle)
-        ax.text(0.02, 0.97, "= 0: " + ", ".join(notes), transform=ax.transAxes, va="top", fontsize=6.5,
-                bbox=dict(boxstyle="round", fc="white", ec="0.7", alpha=0.85))
-        ax.set_title(_wrap(_point_text(results, p, names) + " (%s grads)" % _grad_format(results, p), 60), fontsize=7)
+                legend.setdefault(label + " of the gradient format", handle)
+        box = ax.text(0.02, 0.96, "%s grads, = 0:\n%s" % (_grad_format(results, p), "\n".join(notes)),
+                      transform=ax.transAxes, va="top", fontsize=6,
+                      bbox=dict(boxstyle="round", fc="white", ec="0.7", alpha=0.85))
+        box.set_in_layout(False)  # inside the panel: constrained layout need not make room for it
         ax.grid(True, alpha=0.3)
     for ax in grid[-1]:
         ax.set_xlabel("log2 |gradient × S|")
     for row in grid:
         row[0].set_ylabel("fraction")
     _set_hist_xlim(grid, results, points, layers)
-    fig.legend(list(legend.values()), list(legend.keys()), loc="upper left", bbox_to_anchor=(1.0, 1.0),
-               frameon=False, fontsize=8)
-    fig.suptitle("train: log2 histogram of the weight gradients (× S) per layer, over every recorded step and the "
-                 "replicas; the gradient format's range marked", fontsize=10)
+    _bottom_legend(fig, legend)
+    fig.suptitle("train: log2 histogram of the weight gradients (× S) per layer, over the recorded steps and the "
+                 "replicas", fontsize=10)
     return _finish(fig, "The fraction of each layer's weight-gradient values (times the loss scale S) per log2 bin "
                         "[2^e, 2^(e+1)), pooled over the recorded steps (hist_every) and the replicas, a panel per "
                         "point; lines at the gradient format's least subnormal, least normal and largest value. "
@@ -1285,7 +1357,7 @@ def _set_hist_xlim(grid, results, points, layers):
 def _train_heatmap(results, points, layer):
     trace = "grad_hist_" + layer
     points = [p for p in points if len(_trace_rows(results, trace, p)[0])]
-    fig, grid, where, names = _atlas(results, points, 3.4, 2.5)
+    fig, grid, where = _atlas(results, points, 3.0, 2.1)
     positive = [h[h > 0].min() for h in (_train_hist_rows(results, trace, p)[1] for p in points) if (h > 0).any()]
     norm = mcolors.LogNorm(vmin=max(1e-6, min(positive) if positive else 1e-6), vmax=1)
     legend = {}
@@ -1301,27 +1373,27 @@ def _train_heatmap(results, points, layer):
         ax = grid[where[p]]
         steps, h = _train_hist_rows(results, trace, p)
         # Step edges halfway between recorded steps; rows: bins e (log2 |g|) from lo to hi,
-        # with the zero bin below and the non-finite bin above, each one row apart.
+        # the zero bin below and the non-finite bin above, each one row apart.
         edges = np.concatenate([[steps[0] - 0.5 * _step_gap(steps)], (steps[1:] + steps[:-1]) / 2,
                                 [steps[-1] + 0.5 * _step_gap(steps)]])
-        rows = np.arange(lo, hi)
-        body = h[:, rows + 41].T
-        masked = np.ma.masked_less_equal(body, 0)
-        image = ax.pcolormesh(edges, np.arange(lo, hi + 1), masked, norm=norm, cmap="magma_r", shading="flat")
-        ax.pcolormesh(edges, [lo - 2.5, lo - 1.5], np.ma.masked_less_equal(h[:, :1].T, 0), norm=norm,
-                      cmap="magma_r", shading="flat")
-        ax.pcolormesh(edges, [hi + 0.5, hi + 1.5], np.ma.masked_less_equal(h[:, 57:].T, 0), norm=norm,
-                      cmap="magma_r", shading="flat")
+        body = h[:, np.arange(lo, hi) + 41].T
+        image = ax.pcolormesh(edges, np.arange(lo, hi + 1), np.ma.masked_less_equal(body, 0), norm=norm,
+                              cmap="magma_r", shading="flat")
+        for column, (y0, y1) in ((0, (lo - 2.5, lo - 1.5)), (57, (hi + 0.5, hi + 1.5))):
+            ax.pcolormesh(edges, [y0, y1], np.ma.masked_less_equal(h[:, column:column + 1].T, 0), norm=norm,
+                          cmap="magma_r", shading="flat")
+            ax.axhspan(y0, y1, color="0.9", zorder=0)
         info = _format_info(_grad_format(results, p))
         if info is not None:
             for key, name, color, ls in RANGE_STYLE:
                 value = info.get(key)
                 if value and lo <= math.log2(value) <= hi:
                     ax.axhline(math.log2(value), color=color, ls=ls, lw=1.1)
-                    legend.setdefault(name + " (grad format)", _ref_handle(color, ls))
+                    legend.setdefault(name + " of the gradient format", _ref_handle(color, ls))
+        ax.text(0.98, 0.04, _grad_format(results, p), transform=ax.transAxes, ha="right", fontsize=6.5, color="0.3")
         ax.set_ylim(lo - 2.5, hi + 1.5)
-        ax.set_title(_wrap(_point_text(results, p, names) + " (%s grads)" % _grad_format(results, p), 60), fontsize=7)
-    ticks = [lo - 2] + list(range(int(math.ceil(lo / 5) * 5), hi + 1, 5)) + [hi + 1]
+    # Bins every 5 (none next to the zero and non-finite rows), then those two rows.
+    ticks = [lo - 2] + list(range(int(math.ceil((lo + 1) / 5) * 5), hi - 1, 5)) + [hi + 1]
     grid[0][0].set_yticks(ticks)
     grid[0][0].set_yticklabels(["0"] + [str(t) for t in ticks[1:-1]] + ["inf/NaN"])
     for ax in grid[-1]:
@@ -1329,16 +1401,16 @@ def _train_heatmap(results, points, layer):
     for row in grid:
         row[0].set_ylabel("log2 |gradient × S|")
     if image is not None:
-        fig.colorbar(image, ax=grid, shrink=0.6, label="fraction of the layer's gradients")
-    fig.legend(list(legend.values()), list(legend.keys()), loc="upper left", bbox_to_anchor=(1.0, 0.2),
-               frameon=False, fontsize=8)
-    fig.suptitle("train: %s weight gradients (× S) over the steps, log2 histogram (mean over replicas)" % layer,
+        bar = fig.colorbar(image, ax=grid, location="bottom", shrink=0.5, aspect=40, pad=0.02)
+        bar.set_label("fraction of the layer's gradients (white: none)")
+    _bottom_legend(fig, legend)
+    fig.suptitle("train: layer %s's weight gradients (× S) over the steps, log2 histogram (mean over replicas)" % layer,
                  fontsize=10)
     return _finish(fig, "Heat map of layer %s's weight-gradient histogram over the training steps: column = a "
                         "recorded step (hist_every), row = the log2 bin [2^e, 2^(e+1)) of |gradient × S|, colour = "
-                        "the fraction of the layer's gradients there (white: none); the bottom row counts exact "
-                        "zeros, the top row inf/NaN; lines at the gradient format's least subnormal, least normal "
-                        "and largest value." % layer)
+                        "the fraction of the layer's gradients there (white: none); the bottom row (grey band) "
+                        "counts exact zeros, the top row inf/NaN; lines at the gradient format's least subnormal, "
+                        "least normal and largest value." % layer)
 
 
 def _step_gap(steps):
@@ -1384,10 +1456,10 @@ def _block_quant(results):
         out.append(("bias", metric_figure(
             results, "rel_bias", other, roles={"x": "format", "hue": ("scale_rule", "rounding", "sr_bits"),
                                                "cols": "distribution"},
-            references=zero, value_label=lambda m: "rel_bias (< 0: toward zero)",
+            references=zero, value_label=lambda m: "rel_bias (< 0: toward zero)", value_scale=("symlog", 1e-3),
             caption="rel_bias: mean of sign(x)(q - x) over the rms of x (negative: toward zero) of the element "
                     "roundings other than rne, per format (colour: scale rule, rounding and its random bits), a "
-                    "panel per distribution.")))
+                    "panel per distribution; the axis is linear within ±0.001 and logarithmic beyond.")))
     return out
 
 
@@ -1396,8 +1468,32 @@ OVERFLOW_OPS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_scores", "attn_
                 "ffn_gate_mul", "ffn_wo", "ffn_residual_add", "final_norm")
 
 
+# The port's fixes and the value at which each is off: labels name the fixes that are on.
+FIXES_OFF = {"mask_scale": 1.0, "gelu_clamp": False, "residual_fp32": False, "wo_scale": 1, "clamp_inf": False}
+
+
+def _hunt_label(groups, values):
+    parts, fixes, has_fixes = [], [], False
+    for group, value in zip(groups, values):
+        for name in group:
+            if name in FIXES_OFF:
+                has_fixes = True
+                if value != FIXES_OFF[name]:
+                    fixes.append(name if isinstance(value, (bool, np.bool_)) else "%s=%s" % (name, _number(value)))
+            elif name == "nanoo":
+                parts.append("NANOO on" if value else "NANOO off")
+            else:
+                parts.append(_value_text(name, value))
+    if has_fixes:
+        parts.append(" + ".join(fixes) if fixes else "no fixes")
+    return ", ".join(parts)
+
+
+_hunt_label.title = lambda groups: "NANOO" if [n for g in groups for n in g] == ["nanoo"] else "configuration"
+
+
 def _config_labels(results, points):
-    axes = grid_axes(results, points)
+    axes = grid_axes(results, points, labeler=_hunt_label)
     return {p: ", ".join(a.label(a.level_of[p]) for a in axes) or "point %d" % p for p in points}
 
 
@@ -1415,81 +1511,107 @@ def _overflow_hunt(results):
     covered = {m for m in results.metrics for prefix in ("oflo_", "inv_", "div0_", "max_abs_", "std_", "first_")
                if m.startswith(prefix)}
     for metric in _drawable_metrics(results, points, exclude=covered):
-        out.append((metric, metric_figure(results, metric, points)))
+        out.append((metric, metric_figure(results, metric, points, labeler=_hunt_label)))
     return out
+
+
+def _compact(value):
+    """A magnitude in at most five characters: 0.5, 47, 950, 4.9k, 65.5k, 140k, 1.2M."""
+    if not np.isfinite(value):
+        return "inf" if np.isinf(value) else "NaN"
+    for limit, suffix in ((1e6, "M"), (1e3, "k")):
+        if abs(value) >= limit:
+            return "%.3g%s" % (value / limit, suffix)
+    return "%.2g" % value if abs(value) < 10 else "%d" % round(value)
+
+
+def _group_separators(ax, results, points):
+    """Lines between the rows where nanoo changes (the heat maps' two halves)."""
+    if "nanoo" not in results.points:
+        return
+    values = results.points["nanoo"][points]
+    for i in range(1, len(points)):
+        if values[i] != values[i - 1]:
+            ax.axhline(i - 0.5, color="k", lw=1.5)
 
 
 def _op_heatmaps(results, points, labels, flags):
     ops = [op for op in OVERFLOW_OPS if "oflo_" + op in results.metrics]
-    fig = Figure(figsize=(0.42 * len(ops) * len(flags) + 4.5, 0.3 * len(points) + 2.2), layout="constrained")
+    fig = Figure(figsize=(0.36 * len(ops) * len(flags) + 4.0, 0.27 * len(points) + 2.4), layout="constrained")
     axes = fig.subplots(1, len(flags), squeeze=False, sharey=True)[0]
+    counts = {flag: np.array([[np.median(_replica_values(results, "%s_%s" % (flag, op), p)) for op in ops]
+                              for p in points]) for flag in flags}
+    positive = np.concatenate([c[c > 0] for c in counts.values()])
+    norm = mcolors.LogNorm(vmin=positive.min() / 2 if len(positive) else 0.5,
+                           vmax=positive.max() if len(positive) else 1)
     image = None
-    highest = max(1.0, max(np.nanmax(np.concatenate([_replica_values(results, "%s_%s" % (f, op), p)
-                                                      for op in ops for p in points]))
-                           for f in flags))
-    norm = mcolors.LogNorm(vmin=1, vmax=highest)
     for ax, flag in zip(axes, flags):
-        counts = np.array([[np.median(_replica_values(results, "%s_%s" % (flag, op), p)) for op in ops]
-                           for p in points])
-        shown = np.ma.masked_where(~(counts > 0), counts)
-        image = ax.imshow(shown, norm=norm, cmap="OrRd", aspect="auto")
-        for (i, j), value in np.ndenumerate(counts):
+        table = counts[flag]
+        image = ax.imshow(np.ma.masked_where(~(table > 0), table), norm=norm, cmap="Reds", aspect="auto")
+        for (i, j), value in np.ndenumerate(table):
             if np.isnan(value):
                 ax.text(j, i, "off", ha="center", va="center", fontsize=6, color="0.5")
             elif value > 0:
-                ax.text(j, i, _number(round(value, 1)), ha="center", va="center", fontsize=6.5,
-                        color="white" if value > math.sqrt(highest) else "black")
+                dark = norm(value) > 0.6
+                ax.text(j, i, _compact(value), ha="center", va="center", fontsize=6.5,
+                        color="white" if dark else "black")
         ax.set_xticks(range(len(ops)))
-        ax.set_xticklabels([op.replace("_", ".", 1) for op in ops], rotation=60, ha="right", fontsize=7.5)
+        ax.set_xticklabels([op.replace("_", ".", 1) for op in ops], rotation=60, ha="right", rotation_mode="anchor",
+                           fontsize=7.5)
         ax.set_yticks(range(len(points)))
         ax.set_yticklabels([labels[p] for p in points], fontsize=7.5)
-        ax.set_title("operations that raised %s (median over replicas)" % flag.upper(), fontsize=9)
+        ax.set_title("operations that raised %s" % flag.upper(), fontsize=9)
         ax.set_xticks(np.arange(-0.5, len(ops)), minor=True)
         ax.set_yticks(np.arange(-0.5, len(points)), minor=True)
-        ax.grid(which="minor", color="0.9", lw=0.5)
+        ax.grid(which="minor", color="0.88", lw=0.5)
         ax.tick_params(which="minor", length=0)
+        _group_separators(ax, results, points)
     if image is not None:
-        fig.colorbar(image, ax=axes, shrink=0.7, label="operations (all blocks)")
-    fig.suptitle("overflow_hunt: per op (in execution order) and configuration, the operations that raised each "
-                 "flag", fontsize=10)
+        fig.colorbar(image, ax=axes, shrink=0.6, label="operations over all blocks (median over replicas)")
+    fig.suptitle("overflow_hunt: which op overflows in which configuration (ops in execution order)", fontsize=10)
     return _finish(fig, "For each configuration (row) and op of the encoder in execution order (column), the median "
                         "over replicas of the number of operations, over all blocks, that raised the flag; blank: "
-                        "none, 'off': the flag's enable is off.")
+                        "none, 'off': the flag's enable is off. Under NANOO an overflow gives NaN and raises INV "
+                        "too, so the first one poisons what follows.")
 
 
 def _max_abs_heatmap(results, points, labels):
     ops = [op for op in OVERFLOW_OPS if "max_abs_" + op in results.metrics]
     values = np.array([[np.median(_replica_values(results, "max_abs_" + op, p)) for op in ops] for p in points])
-    fig = Figure(figsize=(0.42 * len(ops) + 5.5, 0.3 * len(points) + 2.2), layout="constrained")
+    fig = Figure(figsize=(0.4 * len(ops) + 5.0, 0.27 * len(points) + 2.4), layout="constrained")
     ax = fig.subplots()
     finite = values[np.isfinite(values) & (values > 0)]
     norm = mcolors.LogNorm(vmin=finite.min() if len(finite) else 1e-3, vmax=finite.max() if len(finite) else 1)
-    image = ax.imshow(np.ma.masked_where(~np.isfinite(values) | (values <= 0), values), norm=norm, cmap="viridis",
+    image = ax.imshow(np.ma.masked_where(~np.isfinite(values) | (values <= 0), values), norm=norm, cmap="Blues",
                       aspect="auto")
     formats = set(results.points["format"][points].tolist()) if "format" in results.points else set()
     info = _format_info(formats.pop()) if len(formats) == 1 else None
     limit = info["max"] if info else None
     for (i, j), value in np.ndenumerate(values):
-        text = "%.2g" % value if np.isfinite(value) else ("inf" if np.isinf(value) else "NaN")
         over = limit is not None and (not np.isfinite(value) or value >= limit)
-        ax.text(j, i, text, ha="center", va="center", fontsize=5.8, color="C3" if over else "white",
-                fontweight="bold" if over else "normal")
+        dark = np.isfinite(value) and value > 0 and norm(value) > 0.6
+        ax.text(j, i, _compact(value), ha="center", va="center", fontsize=6.3,
+                color="white" if dark else "black", fontweight="bold" if over else "normal")
+        if over:
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="C3", lw=1.6))
     ax.set_xticks(range(len(ops)))
-    ax.set_xticklabels([op.replace("_", ".", 1) for op in ops], rotation=60, ha="right", fontsize=7.5)
+    ax.set_xticklabels([op.replace("_", ".", 1) for op in ops], rotation=60, ha="right", rotation_mode="anchor",
+                           fontsize=7.5)
     ax.set_yticks(range(len(points)))
     ax.set_yticklabels([labels[p] for p in points], fontsize=7.5)
-    bar = fig.colorbar(image, ax=ax, shrink=0.8, label="largest |output| (median over replicas)")
+    _group_separators(ax, results, points)
+    bar = fig.colorbar(image, ax=ax, shrink=0.7, label="largest |output| (median over replicas)")
     if limit is not None and norm.vmin <= limit <= norm.vmax:
         bar.ax.axhline(limit, color="C3", lw=2)
-        bar.ax.text(1.6, limit, " max", transform=bar.ax.get_yaxis_transform(), color="C3", va="center", fontsize=8)
-    fmt = (info or {}).get("name", "the format")
-    ax.set_title("largest |output| per op; red: at or beyond %s's largest value%s" % (
-        fmt, " (%s)" % _number(limit) if limit is not None else ""), fontsize=9)
+    name = (info or {}).get("name", "the format")
+    ax.set_title("red frame: at or beyond %s's largest value%s, or not finite" % (
+        name, " (%s, red line on the colour bar)" % _number(limit) if limit is not None else ""), fontsize=9)
     fig.suptitle("overflow_hunt: the largest magnitude each op produced, per configuration", fontsize=10)
     return _finish(fig, "For each configuration (row) and op in execution order (column), the largest |output| "
                         "over all blocks (median over replicas; wo under wo_scale: its unscaled fp32 output; "
-                        "residual adds: before the clamp). Red values reach the format's largest value: there the "
-                        "op saturated or overflowed.")
+                        "residual adds: before the clamp). Framed cells reach the format's largest value: there an "
+                        "op computing in that format saturated or overflowed (an fp32 residual stream or wo's "
+                        "unscaled output may exceed it without overflowing).")
 
 
 def _generic(results):
