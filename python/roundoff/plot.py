@@ -103,8 +103,10 @@ def _number(value):
 
 
 def _value_text(name, value):
-    """How a parameter's value reads in a label: fp16, lr=0.05, bn_fp32=true."""
-    if isinstance(value, str) and (name in SELF_EVIDENT or name.endswith("_format")):
+    """How a parameter's value reads in a label: fp16, lr=0.05, bn_fp32=true,
+    unscale_format=auto."""
+    if isinstance(value, str) and (name in SELF_EVIDENT or name.endswith("_format")
+                                   and value not in ("auto", "default", "compute", "")):
         return value
     return "%s=%s" % (name, _number(value))
 
@@ -230,8 +232,10 @@ def _finish(fig, caption, nonfinite=()):
     return fig
 
 
-def _new_figure(rows, cols, panel_w, panel_h, sharex=False, sharey=False):
-    fig = Figure(figsize=(panel_w * cols + 0.6, panel_h * rows + 0.9), layout="constrained")
+def _new_figure(rows, cols, panel_w, panel_h, sharex=False, sharey=False, extra_w=0.0):
+    """A constrained-layout figure of rows x cols panels; extra_w inches more for what
+    sits beside them (long tick labels)."""
+    fig = Figure(figsize=(panel_w * cols + 0.6 + extra_w, panel_h * rows + 0.9), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False, sharex=sharex, sharey=sharey)
     return fig, axes
 
@@ -558,11 +562,14 @@ def metric_figure(results, metrics, points=None, roles=None, references=None, ti
     horizontal = layout.x is not None and not layout.x.numeric and (
         len(layout.x) > 8 or max(len(layout.x.label(i)) for i in range(len(layout.x))) > 10)
     n_lines = (len(layout.hue) if layout.hue else 1) * (len(layout.style) if layout.style else 1)
+    extra_w = 0.0
     if horizontal:
-        panel_w, panel_h = 4.2, max(2.4, 0.22 * len(layout.x) * (1 + 0.15 * (n_lines - 1)) + 0.8)
+        panel_w, panel_h = 3.6, max(2.4, 0.22 * len(layout.x) * (1 + 0.15 * (n_lines - 1)) + 0.8)
+        # Room for the category labels left of the first column (7.5 pt: about 0.065 in a character).
+        extra_w = 0.065 * max(len(layout.x.label(i)) for i in range(len(layout.x)))
     else:
         panel_w, panel_h = 4.3, 3.1
-    fig, axes = _new_figure(rows, cols, panel_w, panel_h, sharey=horizontal)
+    fig, axes = _new_figure(rows, cols, panel_w, panel_h, sharey=horizontal, extra_w=extra_w)
     notes, extra_legend = [], {}
     replicas = int(results.done_replicas[points].sum(axis=1).max()) if points else 0
     for m_index, metric in enumerate(metrics):
