@@ -84,7 +84,9 @@ AXIS_LABELS = {
 
 LINESTYLES = ["-", "--", ":", "-."]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
-NONFINITE_COLOR = "C3"
+# The label of the markers for non-finite results (each panel's lines carry labels too:
+# their colour's and style's levels, or the reference they draw).
+NONFINITE_LABEL = "inf/NaN"
 
 
 # ---------------------------------------------------------------------------------------
@@ -215,10 +217,10 @@ def _edge_marks(ax, positions, horizontal, color, slot=0):
     edge = np.full(len(positions), 0.97 - 0.05 * slot)
     if horizontal:
         ax.plot(edge, positions, "x", color=color, ms=7, mew=1.6, ls="none",
-                transform=ax.get_yaxis_transform(), clip_on=False, zorder=5)
+                transform=ax.get_yaxis_transform(), clip_on=False, zorder=5, label=NONFINITE_LABEL)
     else:
         ax.plot(positions, edge, "x", color=color, ms=7, mew=1.6, ls="none",
-                transform=ax.get_xaxis_transform(), clip_on=False, zorder=5)
+                transform=ax.get_xaxis_transform(), clip_on=False, zorder=5, label=NONFINITE_LABEL)
 
 
 def _wrap(text, width=110):
@@ -436,6 +438,11 @@ class Layout:
         if self.cols is not None:
             parts.append(self.cols.label(self._col_keys[c], full=True))
         return ", ".join(parts)
+
+    def line_label(self, key):
+        """The levels a line stands for: 'sr', 'sr kahan', or '' with neither colour nor style."""
+        parts = [axis.label(level) for axis, level in ((self.hue, key[0]), (self.style, key[1])) if axis is not None]
+        return " ".join(parts)
 
     def line_key(self, p):
         return (self.hue.level_of[p] if self.hue is not None else 0,
@@ -660,7 +667,8 @@ def _draw_metric_panel(ax, layout, summary, panel, horizontal, scale, legend):
             y = np.array([summary.median[p] if not summary.nonfinite[p] else np.nan for p in pts])
             low = np.array([summary.low.get(p, np.nan) for p in pts])
             high = np.array([summary.high.get(p, np.nan) for p in pts])
-            ax.plot(x, y, color=color, ls=layout.linestyle(key), marker=layout.marker(key), ms=3.5, lw=1.4)
+            ax.plot(x, y, color=color, ls=layout.linestyle(key), marker=layout.marker(key), ms=3.5, lw=1.4,
+                    label=layout.line_label(key))
             if (ok & (high > low)).any():
                 ax.fill_between(x, np.where(ok, low, np.nan), np.where(ok, high, np.nan), color=color, alpha=0.18,
                                 lw=0)
@@ -676,9 +684,11 @@ def _draw_metric_panel(ax, layout, summary, panel, horizontal, scale, legend):
             high = np.array([summary.high.get(p, np.nan) for p in pts])
             err = [np.maximum(y - low, 0)[ok], np.maximum(high - y, 0)[ok]]
             if horizontal:
-                ax.errorbar(y[ok], pos[ok], xerr=err, fmt=layout.marker(key), color=color, ms=4, capsize=2, lw=1)
+                ax.errorbar(y[ok], pos[ok], xerr=err, fmt=layout.marker(key), color=color, ms=4, capsize=2, lw=1,
+                            label=layout.line_label(key))
             else:
-                ax.errorbar(pos[ok], y[ok], yerr=err, fmt=layout.marker(key), color=color, ms=4, capsize=2, lw=1)
+                ax.errorbar(pos[ok], y[ok], yerr=err, fmt=layout.marker(key), color=color, ms=4, capsize=2, lw=1,
+                            label=layout.line_label(key))
             _edge_marks(ax, pos[~ok], horizontal, color)
             if (~ok).any():
                 legend.setdefault("inf/NaN in some replica", _nonfinite_handle())
@@ -782,7 +792,7 @@ def trace_figure(results, trace, points=None, roles=None, references=None, title
             med = np.where(finite_runs, np.median(np.where(np.isfinite(y), y, 0), axis=0), np.nan)
             if scale[0] == "log":
                 med = np.where(med > 0, med, np.nan)
-            ax.plot(x, med, color=color, ls=layout.linestyle(key), lw=1.3)
+            ax.plot(x, med, color=color, ls=layout.linestyle(key), lw=1.3, label=layout.line_label(key))
             if y.shape[0] > 1:
                 low = np.where(finite_runs, np.min(np.where(np.isfinite(y), y, 0), axis=0), np.nan)
                 high = np.where(finite_runs, np.max(np.where(np.isfinite(y), y, 0), axis=0), np.nan)
@@ -861,14 +871,14 @@ def _swamping(results):
 
     def exact_running(ax, panel):
         # x_k = initial + k * addend exactly: a straight line to the exact final value.
-        entries = []
+        drawn = set()
         for p in panel:
             x, y = _trace_rows(results, "x", p)
-            start = float(np.median(y[:, 0])) if len(x) else 0.0
-            if np.isfinite(exact[p]):
-                ax.plot([x[0], x[-1]], [start, exact[p]], color="k", ls="--", lw=0.9)
-        entries.append((_ref_handle("k", "--"), "exact sum"))
-        return entries
+            line = (x[0], x[-1], float(np.median(y[:, 0])), exact[p])
+            if np.isfinite(exact[p]) and line not in drawn:
+                drawn.add(line)
+                ax.plot(line[:2], line[2:], color="k", ls="--", lw=0.9, label="exact sum")
+        return [(_ref_handle("k", "--"), "exact sum")]
 
     if "x" in results.traces:
         fig = trace_figure(results, "x", points, roles={"cols": "format", "hue": "rounding"}, references=exact_running,
@@ -909,7 +919,7 @@ def _swamping_finals(results, points, exact):
                 notes_points.append(p)
                 n_bad += int((~np.isfinite(v)).sum())
         for value in sorted(set(exact[p] for p in panel if np.isfinite(exact[p]))):
-            ax.axvline(value, color="k", ls="--", lw=0.9)
+            ax.axvline(value, color="k", ls="--", lw=0.9, label="exact sum")
         ax.set_title(layout.panel_title(r, c) + (" (%d non-finite, not binned)" % n_bad if n_bad else ""), fontsize=9)
         ax.set_xlabel("final x")
         ax.set_ylabel("replicas")
@@ -933,8 +943,8 @@ def _swamping_finals(results, points, exact):
 def _bound_lines(ax, n_values, u, label_suffix=""):
     """n u and sqrt(n) u over the panel's n range."""
     n = np.geomspace(min(n_values), max(n_values), 50)
-    ax.plot(n, n * u, color="0.35", ls="--", lw=1)
-    ax.plot(n, np.sqrt(n) * u, color="0.35", ls=":", lw=1.2)
+    ax.plot(n, n * u, color="0.35", ls="--", lw=1, label="n·u" + label_suffix)
+    ax.plot(n, np.sqrt(n) * u, color="0.35", ls=":", lw=1.2, label="√n·u" + label_suffix)
     return [(_ref_handle("0.35", "--"), "n·u" + label_suffix), (_ref_handle("0.35", ":"), "√n·u" + label_suffix)]
 
 
@@ -964,7 +974,7 @@ def _summation(results):
 
         def exact_line(ax, panel):
             for value in sorted(set(exact[p] for p in panel if np.isfinite(exact[p]))):
-                ax.axhline(value, color="k", ls="--", lw=0.9)
+                ax.axhline(value, color="k", ls="--", lw=0.9, label="exact sum")
             return [(_ref_handle("k", "--"), "exact sum")]
 
         roles_trace = {k: v for k, v in roles.items() if k != "x"}
@@ -997,8 +1007,8 @@ def _matmul_accum(results):
                     else " (u = %g)" % u)
             gray = str(0.2 + 0.3 * i)
             k = np.geomspace(min(ks), max(ks), 50)
-            ax.plot(k, k * u, color=gray, ls="--", lw=1)
-            ax.plot(k, np.sqrt(k) * u, color=gray, ls=":", lw=1.2)
+            ax.plot(k, k * u, color=gray, ls="--", lw=1, label="K·u" + text)
+            ax.plot(k, np.sqrt(k) * u, color=gray, ls=":", lw=1.2, label="√K·u" + text)
             entries += [(_ref_handle(gray, "--"), "K·u" + text), (_ref_handle(gray, ":"), "√K·u" + text)]
         return entries
 
@@ -1047,9 +1057,9 @@ def _updates(results):
             return []
         value = np.nanmedian(np.concatenate([_replica_values(results, "final_fp64", p) for p in panel]))
         if ax.get_xaxis().get_label().get_text() == metric:
-            ax.axvline(value, color="k", ls="--", lw=0.9)
+            ax.axvline(value, color="k", ls="--", lw=0.9, label="fp64 trajectory")
         else:
-            ax.axhline(value, color="k", ls="--", lw=0.9)
+            ax.axhline(value, color="k", ls="--", lw=0.9, label="fp64 trajectory")
         return [(_ref_handle("k", "--"), "fp64 trajectory")]
 
     for metric in _drawable_metrics(results, points, exclude=covered | {"final_fp64"}):
@@ -1105,7 +1115,7 @@ def _format_range_lines(ax, info, lo, hi, shift=0.0):
             continue
         e = math.log2(value) - shift
         if lo <= e <= hi:
-            ax.axvline(e, color=color, ls=ls, lw=1.2)
+            ax.axvline(e, color=color, ls=ls, lw=1.2, label=name)
             entries.append((_ref_handle(color, ls), name))
     return entries
 
@@ -1322,7 +1332,7 @@ def _train_hist(results, points, layers):
             if not len(steps):
                 continue
             pooled = h.mean(axis=0)
-            ax.stairs(pooled[1:57], np.arange(-40, 17), color="C%d" % i, lw=1.2)
+            ax.stairs(pooled[1:57], np.arange(-40, 17), color="C%d" % i, lw=1.2, label=layer)
             legend.setdefault(layer, Line2D([], [], color="C%d" % i, lw=1.3))
             notes.append("%s %.2g%%" % (layer, 100 * pooled[0])
                          + (" (inf/NaN %.2g%%)" % (100 * pooled[57]) if pooled[57] else ""))
@@ -1395,7 +1405,7 @@ def _train_heatmap(results, points, layer):
             for key, name, color, ls in RANGE_STYLE:
                 value = info.get(key)
                 if value and lo <= math.log2(value) <= hi:
-                    ax.axhline(math.log2(value), color=color, ls=ls, lw=1.1)
+                    ax.axhline(math.log2(value), color=color, ls=ls, lw=1.1, label=name)
                     legend.setdefault(name + " of the gradient format", _ref_handle(color, ls))
         ax.text(0.98, 0.04, _grad_format(results, p), transform=ax.transAxes, ha="right", fontsize=6.5, color="0.3")
         ax.set_ylim(lo - 2.5, hi + 1.5)
@@ -1434,7 +1444,7 @@ def _norm_stats(results):
 
     def full_error(ax, metric, panel):
         if metric.startswith("var_rel_error") or metric.startswith("mean_rel_error"):
-            ax.axhline(1.0, color="k", ls="--", lw=0.9)
+            ax.axhline(1.0, color="k", ls="--", lw=0.9, label="error = 100%")
             return [(_ref_handle("k", "--"), "error = 100%")]
         return []
 
