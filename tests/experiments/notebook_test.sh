@@ -21,7 +21,7 @@ h5="$work/swamping.h5"
 }
 
 # The file holds what the notebook reads: fp16 rne finals exactly 0.25, and a trace.
-"$python" - "$h5" <<\'EOF\'
+"$python" - "$h5" <<'EOF'
 import sys
 import numpy as np
 import roundoff
