@@ -117,10 +117,6 @@ def _is_numeric(values):
     return values.dtype.kind in "iuf"
 
 
-def _written(results):
-    return results.done_replicas
-
-
 def _point_text(results, point, names=None):
     """The point's varying parameters as name=value (for messages)."""
     names = results.varying() if names is None else names
@@ -203,8 +199,15 @@ def _apply_value_scale(ax, scale, which="y"):
     setter = ax.set_yscale if which == "y" else ax.set_xscale
     if kind == "symlog":
         setter("symlog", linthresh=linthresh, linscale=0.5)
+        # At most nine labelled decades (matplotlib's default is 15: crowded on a panel).
+        (ax.yaxis if which == "y" else ax.xaxis).get_major_locator().set_params(numticks=9)
     elif kind == "log":
         setter("log")
+    elif kind == "log2":  # powers of two (loss scales) labelled as such
+        setter("log", base=2)
+        axis = ax.yaxis if which == "y" else ax.xaxis
+        axis.set_major_formatter(ticker.LogFormatterMathtext(base=2))
+        axis.set_minor_locator(ticker.NullLocator())
 
 
 def _edge_marks(ax, positions, horizontal, color, slot=0):
@@ -600,7 +603,7 @@ def metric_figure(results, metrics, points=None, roles=None, references=None, ti
             ptitle = layout.panel_title(r, c if not per_metric_columns else 0)
             if per_metric_columns:
                 ptitle = metric + (" (%s)" % ptitle if ptitle else "")
-            ax.set_title(ptitle, fontsize=9)
+            ax.set_title(_wrap(ptitle, 60), fontsize=9)
             if references is not None:
                 _keeping_limits(ax, lambda: [extra_legend.setdefault(lbl, h)
                                              for h, lbl in references(ax, metric, panel) or ()])
@@ -748,11 +751,12 @@ def _trace_rows(results, trace, p):
 
 
 def trace_figure(results, trace, points=None, roles=None, references=None, title=None, y_label=None,
-                 value_scale=None, caption=None, x_label=None, smooth=False, labeler=None):
+                 value_scale=None, caption=None, x_label=None, smooth=False, labeler=None, drawstyle="default"):
     """A trace against its x axis (step, k, bn_layer), median and range over replicas, the
     grid's axes as colours, styles and panels. references(ax, panel_points) draws
     reference lines and returns legend entries. smooth: a noisy trace (a batch loss) is
-    drawn as its running mean over 1/50 of its length (said in the title)."""
+    drawn as its running mean over 1/50 of its length (said in the title); drawstyle
+    "steps-post" for a value that holds until the next sample (a loss scale)."""
     points = [p for p in (_drawable_points(results) if points is None else points)
               if len(_trace_rows(results, trace, p)[0])]
     if not points:
@@ -792,17 +796,19 @@ def trace_figure(results, trace, points=None, roles=None, references=None, title
             med = np.where(finite_runs, np.median(np.where(np.isfinite(y), y, 0), axis=0), np.nan)
             if scale[0] == "log":
                 med = np.where(med > 0, med, np.nan)
-            ax.plot(x, med, color=color, ls=layout.linestyle(key), lw=1.3, label=layout.line_label(key))
+            ax.plot(x, med, color=color, ls=layout.linestyle(key), lw=1.3, label=layout.line_label(key),
+                    drawstyle=drawstyle)
             if y.shape[0] > 1:
                 low = np.where(finite_runs, np.min(np.where(np.isfinite(y), y, 0), axis=0), np.nan)
                 high = np.where(finite_runs, np.max(np.where(np.isfinite(y), y, 0), axis=0), np.nan)
                 if scale[0] == "log":
                     low = np.where(low > 0, low, np.nan)
-                ax.fill_between(x, low, high, color=color, alpha=0.18, lw=0)
+                ax.fill_between(x, low, high, color=color, alpha=0.18, lw=0,
+                                step="post" if drawstyle == "steps-post" else None)
         _apply_value_scale(ax, scale, "y")
         ax.set_xlabel(x_label or AXIS_LABELS.get(x_name, x_name))
         ax.set_ylabel(y_label or trace)
-        ax.set_title(layout.panel_title(r, c), fontsize=9)
+        ax.set_title(_wrap(layout.panel_title(r, c), 60), fontsize=9)
         if references is not None:
             _keeping_limits(ax, lambda: [extra_legend.setdefault(lbl, h) for h, lbl in references(ax, panel) or ()])
         ax.grid(True, alpha=0.3)
@@ -1075,8 +1081,10 @@ def _fits_metric_columns(results, points, roles):
 def _grad_underflow(results):
     points = _drawable_points(results)
     out = []
+    covered = set()
     wanted = [m for m in ("frac_underflow", "frac_overflow", "frac_subnormal") if m in results.metrics]
     if "scale" in results.varying() and _fits_metric_columns(results, points, {"x": "scale", "hue": "format"}):
+        covered.update(wanted)
         out.append(("lost", metric_figure(
             results, wanted, points, roles={"x": "scale", "hue": "format"},
             value_label=lambda m: "fraction of non-zero gradients",
@@ -1086,7 +1094,6 @@ def _grad_underflow(results):
                     "(a line per format; 0 is drawn at 0 on the symmetric-log axis).")))
     if "grad_hist" in results.traces:
         out.append(("hist", _grad_underflow_hist(results, points)))
-    covered = set(wanted) if out else set()
     for metric in _drawable_metrics(results, points, exclude=covered):
         out.append((metric, metric_figure(results, metric, points)))
     return out
@@ -1219,7 +1226,7 @@ def _train(results):
         changing = [p for p in points if _varies_over_steps(results, "loss_scale", p)]
         if changing:
             fig = trace_figure(results, "loss_scale", changing, roles=roles, y_label="loss scale S",
-                               value_scale=("log", None),
+                               value_scale=("log2", None), drawstyle="steps-post",
                                caption="The loss scale of each step where it changed during the run (dynamic "
                                        "loss scaling: halved after a non-finite gradient, doubled after "
                                        "ls_interval good steps).")
@@ -1421,8 +1428,8 @@ def _train_heatmap(results, points, layer):
         bar = fig.colorbar(image, ax=grid, location="bottom", shrink=0.5, aspect=40, pad=0.02)
         bar.set_label("fraction of the layer's gradients (white: none)")
     _bottom_legend(fig, legend)
-    fig.suptitle("train: layer %s's weight gradients (× S) over the steps, log2 histogram (mean over replicas)" % layer,
-                 fontsize=10)
+    fig.suptitle("train: layer %s's weight gradients (× S) over the steps, log2 histogram (mean over replicas)"
+                 % layer, fontsize=10)
     return _finish(fig, "Heat map of layer %s's weight-gradient histogram over the training steps: column = a "
                         "recorded step (hist_every), row = the log2 bin [2^e, 2^(e+1)) of |gradient × S|, colour = "
                         "the fraction of the layer's gradients there (white: none); the bottom row (grey band) "

@@ -132,8 +132,8 @@ def _summary_tables(results, points):
             "%s = %s" % (_e(m), _e(_num(v))) for m, v in constant))
     if all_nan:
         out.append("<p>NaN at every point (not defined for this sweep): %s.</p>" % _e(", ".join(all_nan)))
-    glossary = "".join("<tr><td class='text'>%s</td><td class='text'>%s</td></tr>" % (_e(m), _e(results.meanings.get(m, "")))
-                       for m in results.metrics)
+    glossary = "".join("<tr><td class='text'>%s</td><td class='text'>%s</td></tr>"
+                       % (_e(m), _e(results.meanings.get(m, ""))) for m in results.metrics)
     out.append("<details><summary>What each metric means</summary><table>%s</table></details>" % glossary)
     return "".join(out)
 

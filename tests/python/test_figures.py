@@ -164,7 +164,6 @@ def test_grid_axes_follow_grid_and_zip(sweeps):
 
 
 def test_swamping_trace_and_finals(sweeps):
-    res = rr.open(sweeps["swamping"])
     figs = figures_of(sweeps["swamping"])
     assert {"trace", "finals"} <= set(figs)
     panels = data_axes(figs["trace"])
