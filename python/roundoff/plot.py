@@ -622,11 +622,12 @@ def metric_figure(results, metrics, points=None, roles=None, references=None, ti
 
 
 def _value_limits(ax, metric, summary, scale, horizontal):
-    """Fractions on a linear axis span [0, 1] in every panel; a symmetric-log axis of
-    values >= 0 starts at 0."""
+    """Fractions on a linear axis that reach a quarter span [0, 1] in every panel (smaller
+    ones keep a scale they can be read on); a symmetric-log axis of values >= 0 starts at 0."""
     values = summary.finite_values()
     get, set_ = (ax.get_xlim, ax.set_xlim) if horizontal else (ax.get_ylim, ax.set_ylim)
-    if scale[0] == "linear" and metric.startswith("frac") and values and min(values) >= 0 and max(values) <= 1:
+    if scale[0] == "linear" and metric.startswith("frac") and values and min(values) >= 0 \
+            and 0.25 <= max(values) <= 1:
         set_(-0.04, 1.04)
     elif scale[0] == "symlog" and values and min(values) >= 0:
         set_(0, get()[1])
