@@ -351,7 +351,8 @@ class Layout:
     """Which axis goes where: x, colour (hue), line style, panel columns and rows.
 
     roles: dict with optional keys x, hue, style, cols, rows naming a parameter (or a
-    tuple of them); the rest is chosen: x the numeric axis with most values (at least
+    tuple of them; one that does not vary over the points leaves its place free); the
+    rest is chosen: x the numeric axis with most values (at least
     three), else the categorical axis with most values; hue the largest remaining axis of
     at most 10 values; style the next of at most 4; then columns, then rows (several
     axes left for rows are crossed into one)."""
@@ -379,22 +380,22 @@ class Layout:
         self.x = None if x_is_trace else take("x")
         self.hue, self.style = take("hue"), take("style")
         self.cols, self.rows = take("cols"), take("rows")
-        if not x_is_trace and self.x is None and "x" not in roles:
+        if not x_is_trace and self.x is None:
             numeric = [a for a in rest if a.numeric and len(a) >= 3]
             pick = max(numeric, key=len) if numeric else (max(rest, key=len) if rest else None)
             if pick is not None:
                 rest.remove(pick)
                 self.x = pick
         rest.sort(key=len, reverse=True)
-        if self.hue is None and "hue" not in roles:
+        if self.hue is None:
             self.hue = next((a for a in rest if len(a) <= 10), None)
             if self.hue is not None:
                 rest.remove(self.hue)
-        if self.style is None and "style" not in roles:
+        if self.style is None:
             self.style = next((a for a in rest if len(a) <= 4), None)
             if self.style is not None:
                 rest.remove(self.style)
-        if self.cols is None and rest and "cols" not in roles:
+        if self.cols is None and rest:
             self.cols = min(rest, key=len) if len(rest) > 1 else rest[0]
             rest.remove(self.cols)
         self.extra_rows = rest  # crossed into the rows
@@ -881,10 +882,14 @@ def _swamping(results):
         drawn = set()
         for p in panel:
             x, y = _trace_rows(results, "x", p)
-            line = (x[0], x[-1], float(np.median(y[:, 0])), exact[p])
-            if np.isfinite(exact[p]) and line not in drawn:
-                drawn.add(line)
-                ax.plot(line[:2], line[2:], color="k", ls="--", lw=0.9, label="exact sum")
+            key = (x[0], x[-1], float(np.median(y[:, 0])), exact[p])
+            if np.isfinite(exact[p]) and key not in drawn:
+                drawn.add(key)
+                start = key[2]
+                running = start + (exact[p] - start) * (x - x[0]) / max(x[-1] - x[0], 1)
+                if ax.get_yscale() != "linear":
+                    running = np.where(running > 0, running, np.nan)
+                ax.plot(x, running, color="k", ls="--", lw=0.9, label="exact sum")
         return [(_ref_handle("k", "--"), "exact sum")]
 
     if "x" in results.traces:
@@ -987,7 +992,8 @@ def _summation(results):
         roles_trace = {k: v for k, v in roles.items() if k != "x"}
         fig = trace_figure(results, "sum", points, roles=roles_trace, references=exact_line, y_label="running sum",
                            caption="The running sum after k terms (median over replicas, band: their range); "
-                                   "dashed: the exact sum of the rounded terms (the final value).")
+                                   "dashed: the exact sum of the rounded terms at the end (the mean over replicas "
+                                   "where the terms are random).")
         if fig is not None:
             out.append(("trace", fig))
     for metric in _drawable_metrics(results, points, exclude=("rel_error", "abs_error", "final", "exact", "n",
