@@ -7,6 +7,9 @@ The package lives in build/python/roundoff/ after `scripts/setup --python`;
     y, flags = roundoff.round(np.float32([0.1, 1e-6]), "fp16", "sr", seed=7)
     C, flags = roundoff.matmul(A, B, unit="a100")
 
+A sweep's output: roundoff.results (read it), roundoff.plot (its figures, laid out along
+the grid), roundoff.report (one self-contained HTML page).
+
 Names (formats, rounding modes, units, flags) are those of the emu calculator and
 the C++ core; bad arguments raise ValueError (or TypeError for a wrong type) with the
 message `emu` would print. Results come back as float32 arrays where every value of the

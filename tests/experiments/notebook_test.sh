@@ -1,7 +1,7 @@
 #!/bin/bash
 # The swamping notebook and plots run on a freshly swept file:
 #   notebook_test.sh SWEEP_EXE SOURCE_ROOT
-# 1. sweep configs/swamping.yaml into a temp dir (-o), 2. scripts/plot.py makes its PNGs,
+# 1. sweep configs/swamping.yaml into a temp dir (-o), 2. `python3 -m roundoff.plot` makes its PNGs,
 # 3. jupyter-nbconvert --execute runs scripts/notebooks/swamping.ipynb on that file
 # (ROUNDOFF_H5). Exit 77 (meson: skipped) when jupyter-nbconvert or ipykernel is missing,
 # after steps 1 and 2 have been checked.
@@ -32,11 +32,11 @@ assert fp16_rne.sum() == 1 and (r.metrics["final"][fp16_rne] == 0.25).all(), "fp
 assert "x" in r.traces, "no trace x"
 EOF
 
-"$python" "$root/scripts/plot.py" "$h5" --out "$work/plots" >"$work/plots.txt"
+"$python" -m roundoff.plot "$h5" --out "$work/plots" >"$work/plots.txt"
 for png in swamping_trace.png swamping_finals.png; do
-  [ -s "$work/plots/$png" ] || { echo "FAIL: plot.py wrote no $png"; exit 1; }
+  [ -s "$work/plots/$png" ] || { echo "FAIL: roundoff.plot wrote no $png"; exit 1; }
 done
-echo "plot.py: $(tr '\n' ' ' <"$work/plots.txt")"
+echo "roundoff.plot: $(tr '\n' ' ' <"$work/plots.txt")"
 
 bash "$root/tests/experiments/execute_notebook.sh" "$root" swamping "$h5" "$work/executed" || exit $?
 # Its summary cell printed the fp16 rne line from this very file.
