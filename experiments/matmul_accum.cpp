@@ -287,8 +287,7 @@ Experiment make_matmul_accum() {
         string_param("rounding", "rne",
                      "context rounding mode; sr on ipu-amp/ipu-amp-half sets ESR (stochastic fp16 partials); b200 "
                      "with nvfp4: the rounding of the epilogue's fma (the MMA itself truncates)",
-                     {},
-                     check_rounding_name),
+                     {}, check_rounding_name),
         bool_param("fused", true,
                    "fp32-seq/fp16-seq: true = fma per step, false = product rounded then added (other units: true)"),
     },
