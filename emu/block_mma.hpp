@@ -152,7 +152,8 @@ class BlockMmaUnit {
   struct Decoded;  // an operand decoded for the adder (emu/block_mma.cpp)
   Decoded decode(const BlockQuantized& q, const BlockFormat& f) const;
   double dot_decoded(Context& ctx, const Decoded& a, const Decoded& b, double c) const;
-  double dot_with(Context& ctx, const Decoded& a, const Decoded& b, double c, const TensorScaleEpilogue& epilogue) const;
+  double dot_with(Context& ctx, const Decoded& a, const Decoded& b, double c,
+                  const TensorScaleEpilogue& epilogue) const;
   double special(Context& ctx, const Decoded& a, const Decoded& b, double c) const;
   double instruction(Context& ctx, std::size_t first, std::size_t count, const Decoded& a, const Decoded& b, double c,
                      Flags& flags) const;

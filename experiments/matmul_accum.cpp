@@ -308,8 +308,8 @@ Experiment make_matmul_accum() {
   e.fp_exceptions_note =
       "scope: gemm (the unit's operations, with the op names and elements the unit reports). The inputs are "
       "rounded into in_format (block formats: quantised, nvfp4's alpha rounded into fp32) outside the context "
-      "(saturating, no flags); b200's block-scaled MMA reports op mma, its nvfp4 epilogue op fma. trap turns the IPU units' vectorised "
-      "path off (the exact model instead: the same results, slower)";
+      "(saturating, no flags); b200's block-scaled MMA reports op mma, its nvfp4 epilogue op fma. trap turns the "
+      "IPU units' vectorised path off (the exact model instead: the same results, slower)";
   return e;
 }
 

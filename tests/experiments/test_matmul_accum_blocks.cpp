@@ -76,7 +76,8 @@ emu::Rng data_rng(const Case& c) {
 
 // `values` (rows of k) quantised row by row with the format's default rule and, for
 // nvfp4, the one tensor scale of all of them.
-std::vector<emu::BlockQuantized> quantized(const emu::BlockFormat& f, const std::vector<double>& values, std::size_t k) {
+std::vector<emu::BlockQuantized> quantized(const emu::BlockFormat& f, const std::vector<double>& values,
+                                           std::size_t k) {
   emu::BlockSpec spec = emu::default_block_spec(f);
   if (f.has_tensor_scale()) spec.tensor_scale = emu::default_tensor_scale(f, values);
   std::vector<emu::BlockQuantized> out;
