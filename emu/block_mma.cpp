@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "mma.hpp"
+#include "round.hpp"
 
 namespace emu {
 
@@ -253,17 +254,32 @@ double BlockMmaUnit::dot_decoded(Context& ctx, const Decoded& a, const Decoded& 
   return c;
 }
 
-double BlockMmaUnit::dot(Context& ctx, const BlockQuantized& a, const BlockQuantized& b, double c) const {
+TensorScaleEpilogue BlockMmaUnit::tensor_scale_epilogue(double ts_a, double ts_b) const {
+  TensorScaleEpilogue e;
+  if (!a_.has_tensor_scale() && !b_.has_tensor_scale()) return e;
+  e.applies = true;
+  e.alpha = emu::round(fp32(), exact_mul(ts_a, ts_b), RoundSpec{Rounding::rne, Overflow::inf}, nullptr, e.alpha_flags);
+  return e;
+}
+
+double BlockMmaUnit::dot_with(Context& ctx, const Decoded& a, const Decoded& b, double c,
+                              const TensorScaleEpilogue& epilogue) const {
+  if (!epilogue.applies) return dot_decoded(ctx, a, b, c);
+  return ctx.fma(fp32(), epilogue.alpha, dot_decoded(ctx, a, b, 0.0), c);
+}
+
+double BlockMmaUnit::dot(Context& ctx, const BlockQuantized& a, const BlockQuantized& b, double c,
+                         const TensorScaleEpilogue& epilogue) const {
   if (a.elements.size() != b.elements.size())
     throw std::invalid_argument("block-scaled MMA: a has " + std::to_string(a.elements.size()) + " values but b has " +
                                 std::to_string(b.elements.size()));
   if (std::isfinite(c) && !fp32().representable(c))
     throw std::invalid_argument("block-scaled MMA: c = " + std::to_string(c) + " is not an fp32 value");
-  return dot_decoded(ctx, decode(a, a_), decode(b, b_), c);
+  return dot_with(ctx, decode(a, a_), decode(b, b_), c, epilogue);
 }
 
 void BlockMmaUnit::gemm(Context& ctx, std::span<const BlockQuantized> rows, std::span<const BlockQuantized> cols,
-                        double* C, std::size_t ldc) const {
+                        double* C, std::size_t ldc, const TensorScaleEpilogue& epilogue) const {
   std::vector<Decoded> a, b;
   for (const BlockQuantized& q : rows) a.push_back(decode(q, a_));
   for (const BlockQuantized& q : cols) b.push_back(decode(q, b_));
@@ -279,7 +295,7 @@ void BlockMmaUnit::gemm(Context& ctx, std::span<const BlockQuantized> rows, std:
                                     "] is not an fp32 value");
       const ElementGuard element(ctx, static_cast<std::int64_t>(i * b.size() + j),
                                  {static_cast<std::int64_t>(i), static_cast<std::int64_t>(j)});
-      c = dot_decoded(ctx, a[i], b[j], c);
+      c = dot_with(ctx, a[i], b[j], c, epilogue);
     }
 }
 

@@ -54,9 +54,10 @@
 // NaN scale or c; emu's fp32 NaN is its canonical one); 0 * inf and inf - inf give NaN
 // with INV; otherwise an infinite element or c gives that infinity.
 //
-// NVFP4's per-tensor fp32 scale is not applied here: as in cuBLASLt (its alpha), it
-// scales the MMA's result outside the tensor core; BlockQuantized::tensor_scale is
-// ignored.
+// NVFP4's per-tensor fp32 scale is not the tensor core's: the MMA ignores
+// BlockQuantized::tensor_scale. As cuBLASLt applies it (its alpha), it scales the
+// MMA's result outside the tensor core: a TensorScaleEpilogue, below, given to dot or
+// gemm.
 #pragma once
 
 #include <cstddef>
@@ -99,6 +100,21 @@ struct BlockMmaParams {
 // format (the two scales of an instruction have one type).
 BlockMmaParams block_mma_params(UnitKind device, const BlockFormat& a, const BlockFormat& b);
 
+// NVFP4's per-tensor scales ts_a and ts_b applied after the MMA, as cuBLASLt applies
+// alpha (tensor-wide scales are no part of the instruction):
+//  1. alpha = ts_a * ts_b rounded to nearest even into fp32 (overflow to infinity);
+//     its flags are the inputs' (alpha_flags), not the unit's.
+//  2. The MMA runs from zero: r = c' + sum ... with c' = +0.
+//  3. d = alpha * r + c in one fp32 fused multiply-add under the context (its rounding
+//     mode and flags; op "fma").
+// Operands without tensor scales (MX) take no epilogue (applies false): c is the MMA's
+// accumulator, as a default-constructed epilogue gives.
+struct TensorScaleEpilogue {
+  bool applies = false;
+  double alpha = 1;
+  Flags alpha_flags = 0;
+};
+
 class BlockMmaUnit {
  public:
   // Throws std::invalid_argument for what the model cannot run: integer elements;
@@ -115,22 +131,29 @@ class BlockMmaUnit {
   const Format& output_format() const { return fp32(); }
   const BlockMmaParams& params() const { return params_; }
 
+  // The epilogue for operands whose tensor scales are ts_a and ts_b (BlockQuantized::
+  // tensor_scale): applies where a_format() and b_format() have tensor scales (nvfp4).
+  TensorScaleEpilogue tensor_scale_epilogue(double ts_a, double ts_b) const;
+
   // c + sum_k a_k X_A(k) b_k X_B(k) over all of a and b (quantised in a_format() and
-  // b_format(), as quantize() gives them; their lengths must agree), c an fp32 value.
-  // Flags into ctx: INEXACT and UFLO gathered over the dot product and raised once,
-  // OFLO and INV as they occur. Throws std::invalid_argument for lengths that differ or a
-  // c outside fp32.
-  double dot(Context& ctx, const BlockQuantized& a, const BlockQuantized& b, double c) const;
-  // C[i * ldc + j] = dot(rows[i], cols[j], C[i * ldc + j]) for every i, j: rows of A
-  // and columns of B, each quantised along k. Element (i, j) raises its flags with
-  // Context::element set to flat i * n + j (n = cols.size()), index [i, j].
+  // b_format(), as quantize() gives them; their lengths must agree), c an fp32 value;
+  // through `epilogue` where it applies. Flags into ctx: INEXACT and UFLO gathered over
+  // the dot product and raised once, OFLO and INV as they occur, then the epilogue's
+  // fma's. Throws std::invalid_argument for lengths that differ or a c outside fp32.
+  double dot(Context& ctx, const BlockQuantized& a, const BlockQuantized& b, double c,
+             const TensorScaleEpilogue& epilogue = {}) const;
+  // C[i * ldc + j] = dot(rows[i], cols[j], C[i * ldc + j], epilogue) for every i, j:
+  // rows of A and columns of B, each quantised along k. Element (i, j) raises its flags
+  // with Context::element set to flat i * n + j (n = cols.size()), index [i, j].
   void gemm(Context& ctx, std::span<const BlockQuantized> rows, std::span<const BlockQuantized> cols, double* C,
-            std::size_t ldc) const;
+            std::size_t ldc, const TensorScaleEpilogue& epilogue = {}) const;
 
  private:
   struct Decoded;  // an operand decoded for the adder (emu/block_mma.cpp)
   Decoded decode(const BlockQuantized& q, const BlockFormat& f) const;
   double dot_decoded(Context& ctx, const Decoded& a, const Decoded& b, double c) const;
+  double dot_with(Context& ctx, const Decoded& a, const Decoded& b, double c,
+                  const TensorScaleEpilogue& epilogue) const;
   double special(Context& ctx, const Decoded& a, const Decoded& b, double c) const;
   double instruction(Context& ctx, std::size_t first, std::size_t count, const Decoded& a, const Decoded& b, double c,
                      Flags& flags) const;

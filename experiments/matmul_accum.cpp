@@ -4,18 +4,26 @@
 // compared element by element with the exactly computed product.
 //  - Inputs are rounded (RNE, saturating) into in_format: uniform01 = U[0, 1); normal =
 //    N(0, 1); lognormal = exp(spread * N(0, 1)); sign = positive takes magnitudes, mixed
-//    gives each entry a random sign. A block format (OCP MX, NVFP4) as in_format
-//    quantises the rows of A and the columns of B in blocks along K (as MX matrix units
-//    take their operands; nvfp4 with one tensor scale per matrix), with the format's
-//    default scale rule and elements RNE and saturating, and gives the dequantised
-//    values to the unit: only the reference units (exact, fp32-seq, fp16-seq, whose
-//    input format is then fp64, since the dequantised values need not lie in any scalar
-//    format) take them; the tensor cores and the IPU take scalar formats only (a block-
-//    scaled matrix unit consumes blocks, not their values). Common random numbers: A and B depend only on
-//    (seed, replica, M, N, K, distribution, spread for lognormal, sign, in_format), not
-//    on the unit, rounding or the point's place in the grid, so every unit at the same K
-//    sees the same matrices. Their stream is the run's stream with lane 1 and the point
-//    index replaced by data_point(), a 32-bit FNV-1a hash of those parameters.
+//    gives each entry a random sign.
+//  - A block format (OCP MX, NVFP4) as in_format quantises the rows of A and the columns
+//    of B in blocks along K (as MX matrix units take their operands; nvfp4 with one
+//    tensor scale per matrix), with the format's default scale rule and elements RNE and
+//    saturating. Unit b200 runs Blackwell's block-scaled MMA (emu/block_mma.hpp) on the
+//    quantised rows and columns, as `emu gemm --unit b200 --in FORMAT` does: kind
+//    mxf8f6f4 for mxfp8-* and mxfp6-*, mxf4 for mxfp4-e2m1, mxf4nvf4 for nvfp4, whose
+//    tensor scales are applied after the MMA as cuBLASLt's alpha (emu's
+//    TensorScaleEpilogue: one fp32 fma under the context's rounding; mxint8 is refused:
+//    no kind takes integer elements). The reference units (exact, fp32-seq, fp16-seq)
+//    take the dequantised values (their input format is then fp64, since those need
+//    not lie in any scalar format); the other tensor cores and the IPU take scalar
+//    formats only. Either way the reference is the exact product of the dequantised
+//    values, so the error is the unit's accumulation alone, not the quantisation's.
+//  - Common random numbers: A and B depend only on (seed, replica, M, N, K,
+//    distribution, spread for lognormal, sign, in_format), not on the unit, rounding or
+//    the point's place in the grid, so every unit at the same K sees the same matrices
+//    (b200 and exact with the same block format: the same quantised matrices). Their
+//    stream is the run's stream with lane 1 and the point index replaced by
+//    data_point(), a 32-bit FNV-1a hash of those parameters.
 //  - fused (fp32-seq and fp16-seq only; other units refuse fused = false): true is
 //    c <- fma(a_i, b_i, c); false rounds the product into out_format first, then the sum.
 //  - Non-finite results (overflow to inf, NaN) are counted in frac_nonfinite; the
@@ -23,11 +31,12 @@
 //    (NaN when there is none), so max and mean always describe the same elements.
 //  - out_format is the unit's partials/output format; "" or "default" = the unit's
 //    natural one (emu/unit.hpp: fp32 for the tensor cores, ipu-amp, exact and fp32-seq;
-//    fp16 for ipu-amp-half and fp16-seq).
+//    fp16 for ipu-amp-half and fp16-seq; the block-scaled MMA has fp32 only).
 //  - rounding is the context's rounding mode. For the IPU units (ipu-amp, ipu-amp-half)
 //    rounding = sr sets $FP_CTL.ESR (stochastic rounding of the fp16 partials) and
 //    leaves RNE as the default mode, which is how the IPU is driven; stochastic rounding
-//    takes its bits from lane 2. Units that round in a fixed way ignore the mode.
+//    takes its bits from lane 2. Units that round in a fixed way ignore the mode (the
+//    block-scaled MMA too, but for nvfp4's epilogue fma).
 //  - Relative errors |C - exact| / |exact| over the finite elements whose exact value is
 //    not zero; u is the unit roundoff of the unit's output (accumulation) format.
 #include <algorithm>
@@ -35,10 +44,13 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "emu/arith.hpp"
+#include "emu/block_mma.hpp"
 #include "emu/exact_sum.hpp"
 #include "emu/round.hpp"
 #include "emu/unit.hpp"
@@ -57,14 +69,35 @@ bool is_ipu_unit(emu::UnitKind kind) {
 
 bool is_sequential(emu::UnitKind kind) { return kind == emu::UnitKind::fp32_seq || kind == emu::UnitKind::fp16_seq; }
 
+// b200 with a block format: Blackwell's block-scaled MMA, which consumes the blocks.
+bool takes_blocks(const Params& p) {
+  return operand_format_by_name(p.string("in_format")).block != nullptr &&
+         emu::unit_kind_by_name(p.string("unit")) == emu::UnitKind::b200;
+}
+
+std::unique_ptr<emu::BlockMmaUnit> build_block_mma_unit(const Params& p) {
+  const emu::BlockFormat& f = *operand_format_by_name(p.string("in_format")).block;
+  const std::string& out_name = p.string("out_format");
+  if (!is_default_format(out_name) && emu::format_by_name(out_name) != emu::fp32())
+    throw std::invalid_argument("out_format " + out_name + ": b200's block-scaled MMA (in_format " + f.name() +
+                                ") gives fp32 output only");
+  if (!p.boolean("fused"))
+    throw std::invalid_argument("fused = false applies to fp32-seq and fp16-seq only (unit b200)");
+  try {
+    return emu::make_block_mma_unit(emu::UnitKind::b200, f, f);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument("in_format " + f.name() + " on unit b200: " + e.what());
+  }
+}
+
 std::unique_ptr<emu::MatrixUnit> build_unit(const Params& p) {
   const std::string& out_name = p.string("out_format");
   const emu::UnitKind kind = emu::unit_kind_by_name(p.string("unit"));
   const OperandFormat operands = operand_format_by_name(p.string("in_format"));
   if (operands.block && kind != emu::UnitKind::exact && !is_sequential(kind))
-    throw std::invalid_argument("in_format " + operands.name() + " is a block format: its dequantised operands go to "
-                                "the reference units exact, fp32-seq and fp16-seq only (unit " + p.string("unit") +
-                                " takes a scalar format)");
+    throw std::invalid_argument("in_format " + operands.name() + " is a block format: unit b200 runs its blocks on "
+                                "the block-scaled MMA, the reference units exact, fp32-seq and fp16-seq take its "
+                                "dequantised values (unit " + p.string("unit") + " takes a scalar format)");
   const emu::Format in = operands.block ? emu::fp64() : *operands.scalar;
   const std::optional<emu::Format> out =
       is_default_format(out_name) ? std::nullopt : std::optional<emu::Format>(emu::format_by_name(out_name));
@@ -100,8 +133,10 @@ double draw(emu::Rng& rng, const std::string& distribution, double spread, bool 
 }
 
 RunResult run(const Params& p, const RunEnv& env) {
-  const auto unit = build_unit(p);
-  const emu::UnitKind kind = unit->kind();
+  // One of the two: the block-scaled MMA (b200 with a block format), or a matrix unit.
+  const std::unique_ptr<emu::BlockMmaUnit> block_unit = takes_blocks(p) ? build_block_mma_unit(p) : nullptr;
+  const std::unique_ptr<emu::MatrixUnit> unit = block_unit ? nullptr : build_unit(p);
+  const emu::UnitKind kind = emu::unit_kind_by_name(p.string("unit"));
   const auto m = static_cast<std::size_t>(p.integer("M"));
   const auto n = static_cast<std::size_t>(p.integer("N"));
   const auto k = static_cast<std::size_t>(p.integer("K"));
@@ -121,6 +156,7 @@ RunResult run(const Params& p, const RunEnv& env) {
     }
   };
   std::vector<double> A(m * k), B(k * n), C(m * n, 0.0);
+  std::vector<emu::BlockQuantized> rows, cols;  // A's rows and B's columns for the block-scaled MMA
   const OperandFormat operands = operand_format_by_name(p.string("in_format"));
   if (operands.block) {
     // Raw draws, then blocks along K: the rows of A, the columns of B (transposed).
@@ -130,8 +166,8 @@ RunResult run(const Params& p, const RunEnv& env) {
       for (std::size_t j = 0; j < n; ++j) B[q * n + j] = draw(data, distribution, spread, mixed);
     for (std::size_t q = 0; q < k; ++q)
       for (std::size_t j = 0; j < n; ++j) Bt[j * k + q] = B[q * n + j];
-    quantize_rows(*operands.block, A, k);
-    quantize_rows(*operands.block, Bt, k);
+    rows = quantize_rows(*operands.block, A, k);
+    cols = quantize_rows(*operands.block, Bt, k);
     for (std::size_t q = 0; q < k; ++q)
       for (std::size_t j = 0; j < n; ++j) B[q * n + j] = Bt[j * k + q];
   } else {
@@ -152,10 +188,18 @@ RunResult run(const Params& p, const RunEnv& env) {
   // In blocks of rows: a cancelled run stops soon, and each gemm call is big enough for
   // the units' packed fast paths (results do not depend on the blocking).
   constexpr std::size_t kRowsPerCall = 32;
+  // nvfp4: one tensor scale for all of A, one for all of B (each row and column has it).
+  const emu::TensorScaleEpilogue epilogue =
+      block_unit ? block_unit->tensor_scale_epilogue(rows.front().tensor_scale, cols.front().tensor_scale)
+                 : emu::TensorScaleEpilogue{};
   for (std::size_t i = 0; i < m; i += kRowsPerCall) {
     if (env.cancelled()) throw Cancelled();
-    const std::size_t rows = std::min(kRowsPerCall, m - i);
-    unit->gemm(ctx, rows, n, k, A.data() + i * k, k, B.data(), n, C.data() + i * n, n);
+    const std::size_t count = std::min(kRowsPerCall, m - i);
+    if (block_unit)
+      block_unit->gemm(ctx, std::span<const emu::BlockQuantized>(rows).subspan(i, count), cols, C.data() + i * n, n,
+                       epilogue);
+    else
+      unit->gemm(ctx, count, n, k, A.data() + i * k, k, B.data(), n, C.data() + i * n, n);
   }
 
   double max_rel = 0, sum_rel = 0;
@@ -179,7 +223,7 @@ RunResult run(const Params& p, const RunEnv& env) {
       ++counted;
     }
 
-  const double u = unit->output_format().unit_roundoff();
+  const double u = (block_unit ? block_unit->output_format() : unit->output_format()).unit_roundoff();
   const double nan = std::numeric_limits<double>::quiet_NaN();
   RunResult result;
   result.metrics["max_rel_error"] = counted ? max_rel : nan;
@@ -199,10 +243,14 @@ std::string check_out_format(const ParamValue& v) {
   return check_format_name(v);
 }
 
-// The unit must accept the formats: ask it (e.g. ipu-amp-half refuses an fp32 output).
+// The unit must accept the formats: ask it (e.g. ipu-amp-half refuses an fp32 output,
+// b200 mxint8).
 std::string check_point(const Params& p) {
   try {
-    (void)build_unit(p);
+    if (takes_blocks(p))
+      (void)build_block_mma_unit(p);
+    else
+      (void)build_unit(p);
   } catch (const std::invalid_argument& e) {
     return e.what();
   }
@@ -215,7 +263,8 @@ Experiment make_matmul_accum() {
     "accumulation error of C = A B through a matrix unit against the exact product, over K (same A, B for every unit)",
     {
         string_param("unit", "ipu-amp",
-                     "matrix unit: v100 t4 a100 ada l40s h100 h200 b200 ipu-amp ipu-amp-half exact fp32-seq fp16-seq",
+                     "matrix unit: v100 t4 a100 ada l40s h100 h200 b200 ipu-amp ipu-amp-half exact fp32-seq fp16-seq "
+                     "(b200 with a block in_format: the block-scaled MMA)",
                      {}, check_unit_name),
         int_param("K", 256, "inner dimension (products per result)", 1, 16777216),
         int_param("M", 8, "rows of A and C", 1, 4096),
@@ -228,13 +277,17 @@ Experiment make_matmul_accum() {
                      {"positive", "mixed"}),
         string_param("in_format", "fp16",
                      "format the inputs are rounded into (RNE, saturating); a block format (mxfp8-e4m3 ... nvfp4) "
-                     "quantises A's rows and B's columns in blocks along K for the units exact, fp32-seq, fp16-seq",
+                     "quantises A's rows and B's columns in blocks along K: unit b200 runs the blocks on its "
+                     "block-scaled MMA (not mxint8; nvfp4's tensor scales as alpha after it), exact, fp32-seq and "
+                     "fp16-seq take the dequantised values, other units refuse it; the error is against the exact "
+                     "product of the dequantised values",
                      {}, check_operand_format_name),
         string_param("out_format", "default", "partials/output format; \"\" or default = the unit's natural one",
                      {}, check_out_format),
         string_param("rounding", "rne",
-                     "context rounding mode; sr on ipu-amp/ipu-amp-half sets ESR (stochastic fp16 partials)", {},
-                     check_rounding_name),
+                     "context rounding mode; sr on ipu-amp/ipu-amp-half sets ESR (stochastic fp16 partials); b200 "
+                     "with nvfp4: the rounding of the epilogue's fma (the MMA itself truncates)",
+                     {}, check_rounding_name),
         bool_param("fused", true,
                    "fp32-seq/fp16-seq: true = fma per step, false = product rounded then added (other units: true)"),
     },
@@ -254,8 +307,9 @@ Experiment make_matmul_accum() {
   for (ParamSpec& s : fp_exception_params()) e.params.push_back(std::move(s));
   e.fp_exceptions_note =
       "scope: gemm (the unit's operations, with the op names and elements the unit reports). The inputs are "
-      "rounded into in_format outside the context (saturating, no flags). trap turns the IPU units' vectorised "
-      "path off (the exact model instead: the same results, slower)";
+      "rounded into in_format (block formats: quantised, nvfp4's alpha rounded into fp32) outside the context "
+      "(saturating, no flags); b200's block-scaled MMA reports op mma, its nvfp4 epilogue op fma. trap turns the "
+      "IPU units' vectorised path off (the exact model instead: the same results, slower)";
   return e;
 }
 

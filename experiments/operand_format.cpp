@@ -32,17 +32,17 @@ std::string check_operand_format_name(const ParamValue& v) {
   return "";
 }
 
-emu::Flags quantize_rows(const emu::BlockFormat& f, std::span<double> values, std::size_t row_length) {
+std::vector<emu::BlockQuantized> quantize_rows(const emu::BlockFormat& f, std::span<double> values,
+                                               std::size_t row_length) {
   emu::BlockSpec spec = emu::default_block_spec(f);
   if (f.has_tensor_scale()) spec.tensor_scale = emu::default_tensor_scale(f, values);
-  emu::Flags flags = 0;
+  std::vector<emu::BlockQuantized> rows;
   for (std::size_t first = 0; first < values.size(); first += row_length) {
     const std::span<double> row = values.subspan(first, row_length);
-    const emu::BlockQuantized q = emu::quantize(f, row, spec, nullptr);  // rne: no random bits
-    for (std::size_t i = 0; i < row.size(); ++i) row[i] = q.value(i, f);
-    flags |= q.flags;
+    rows.push_back(emu::quantize(f, row, spec, nullptr));  // rne: no random bits
+    for (std::size_t i = 0; i < row.size(); ++i) row[i] = rows.back().value(i, f);
   }
-  return flags;
+  return rows;
 }
 
 }  // namespace roundoff

@@ -9,6 +9,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "emu/block.hpp"
 #include "emu/format.hpp"
@@ -32,7 +33,8 @@ std::string check_operand_format_name(const ParamValue& v);
 // each row: the reduction dimension of A in A B) with the format's default scale rule,
 // elements rounded to nearest even and saturating (OCP MX), and replaces every value by
 // its dequantised value. nvfp4 takes one tensor scale for the whole matrix. Returns the
-// OR of the flags.
-emu::Flags quantize_rows(const emu::BlockFormat& f, std::span<double> values, std::size_t row_length);
+// quantised rows (what a block-scaled matrix unit consumes), one per row.
+std::vector<emu::BlockQuantized> quantize_rows(const emu::BlockFormat& f, std::span<double> values,
+                                               std::size_t row_length);
 
 }  // namespace roundoff

@@ -729,18 +729,9 @@ std::vector<Exact> number_list(std::string_view option, const std::string& text)
   return values;
 }
 
-// ---- block formats: b200's block-scaled MMA (emu/block_mma.hpp) -------------------
+}  // namespace
 
-// --in naming a block format: the b200 unit for it, the quantisation spec of a and b
-// (the format's default scale rule or --scale-rule; elements rne, saturating, as emu
-// quantize) and the fixed JSON fields.
-struct BlockMmaSetup {
-  const BlockFormat* format = nullptr;
-  std::unique_ptr<BlockMmaUnit> unit;
-  BlockSpec spec;
-  std::string fixed_json;   // unit, in, out, format, rounding, kind
-  std::string description;  // the same for people
-};
+// ---- block formats: b200's block-scaled MMA (emu/block_mma.hpp) -------------------
 
 std::optional<BlockMmaSetup> block_mma_from(const ParsedOptions& o, std::string_view command) {
   const auto in = o.get("--in");
@@ -785,57 +776,85 @@ std::optional<BlockMmaSetup> block_mma_from(const ParsedOptions& o, std::string_
   return s;
 }
 
-// `values` rounded to doubles and quantised along k, with `tensor_scale` for nvfp4.
-BlockQuantized quantize_along_k(const BlockMmaSetup& s, const std::vector<double>& values, double tensor_scale) {
+namespace {
+
+// `values` quantised along k, with `tensor_scale` for nvfp4.
+BlockQuantized quantize_along_k(const BlockMmaSetup& s, std::span<const double> values, double tensor_scale) {
   BlockSpec spec = s.spec;
   if (s.format->has_tensor_scale()) spec.tensor_scale = tensor_scale;
   return quantize(*s.format, values, spec, nullptr);
 }
 
-double tensor_scale_of(const BlockMmaSetup& s, const std::vector<double>& values) {
+double tensor_scale_of(const BlockMmaSetup& s, std::span<const double> values) {
   return s.format->has_tensor_scale() ? default_tensor_scale(*s.format, values) : 1.0;
 }
 
-// nvfp4's epilogue: the MMA ran from zero; its result times alpha = fp32(ts_a * ts_b)
-// (rne), plus c, in one fp32 fused multiply-add under the context (cuBLASLt's alpha
-// applies the tensor scales outside the tensor core). MX formats: none (c was the MMA's
-// accumulator and alpha is 1).
-struct Epilogue {
-  bool applies = false;
-  double alpha = 1;
-  Flags alpha_flags = 0;
-};
+}  // namespace
 
-Epilogue epilogue_for(const BlockMmaSetup& s, double ts_a, double ts_b) {
-  Epilogue e;
-  if (!s.format->has_tensor_scale()) return e;
-  e.applies = true;
-  e.alpha = emu::round(fp32(), exact_mul(ts_a, ts_b), RoundSpec{Rounding::rne, Overflow::inf}, nullptr, e.alpha_flags);
-  return e;
+BlockDotResult block_dot(const BlockMmaSetup& s, Context& ctx, std::span<const double> a, std::span<const double> b,
+                         const Exact& c_exact) {
+  const double ts_a = tensor_scale_of(s, a), ts_b = tensor_scale_of(s, b);
+  const BlockQuantized qa = quantize_along_k(s, a, ts_a), qb = quantize_along_k(s, b, ts_b);
+  BlockDotResult r;
+  r.epilogue = s.unit->tensor_scale_epilogue(ts_a, ts_b);
+  r.input_flags = qa.flags | qb.flags | r.epilogue.alpha_flags;
+  const double c = convert_input(fp32(), c_exact, ctx, r.input_flags);
+  r.value = s.unit->dot(ctx, qa, qb, c, r.epilogue);
+  return r;
 }
 
-std::string alpha_json(const Epilogue& e) { return e.applies ? ", \"alpha\": " + json_number(e.alpha) : ""; }
+BlockGemmResult block_gemm(const BlockMmaSetup& s, Context& ctx, std::size_t m, std::size_t n, std::size_t k,
+                           const double* A, const double* B, std::span<const Exact> C) {
+  const std::span<const double> a(A, m * k), b(B, k * n);
+  const double ts_a = tensor_scale_of(s, a), ts_b = tensor_scale_of(s, b);
+  std::vector<BlockQuantized> rows, cols;
+  for (std::size_t i = 0; i < m; ++i) rows.push_back(quantize_along_k(s, a.subspan(i * k, k), ts_a));
+  std::vector<double> column(k);
+  for (std::size_t j = 0; j < n; ++j) {
+    for (std::size_t p = 0; p < k; ++p) column[p] = b[p * n + j];
+    cols.push_back(quantize_along_k(s, column, ts_b));
+  }
+  BlockGemmResult r;
+  r.epilogue = s.unit->tensor_scale_epilogue(ts_a, ts_b);
+  r.values.assign(m * n, 0.0);
+  r.flags.assign(m * n, 0);
+  r.input_flags.assign(m * n, 0);
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < n; ++j) {
+      const std::size_t e = i * n + j;
+      r.input_flags[e] = rows[i].flags | cols[j].flags | r.epilogue.alpha_flags;
+      const double c = C.empty() ? 0.0 : convert_input(fp32(), C[e], ctx, r.input_flags[e]);
+      ctx.clear_status();
+      r.values[e] = s.unit->dot(ctx, rows[i], cols[j], c, r.epilogue);
+      r.flags[e] = ctx.status();
+    }
+  return r;
+}
 
-int block_dot(const ParsedOptions& o, const BlockMmaSetup& s, const std::vector<Exact>& a_exact,
-              const std::vector<Exact>& b_exact, const Exact& c_exact, Output& out) {
+namespace {
+
+std::string alpha_json(const TensorScaleEpilogue& e) {
+  return e.applies ? ", \"alpha\": " + json_number(e.alpha) : "";
+}
+
+std::string alpha_text(const TensorScaleEpilogue& e) {
+  return e.applies ? ", alpha " + json_number(e.alpha) : "";
+}
+
+int print_block_dot(const ParsedOptions& o, const BlockMmaSetup& s, const std::vector<Exact>& a_exact,
+                    const std::vector<Exact>& b_exact, const Exact& c_exact, Output& out) {
   Context ctx = context_from(o);
   std::vector<double> a, b;
   for (const auto& x : a_exact) a.push_back(round_nearest(fp64(), x));
   for (const auto& x : b_exact) b.push_back(round_nearest(fp64(), x));
-  const double ts_a = tensor_scale_of(s, a), ts_b = tensor_scale_of(s, b);
-  const BlockQuantized qa = quantize_along_k(s, a, ts_a), qb = quantize_along_k(s, b, ts_b);
-  const Epilogue epilogue = epilogue_for(s, ts_a, ts_b);
-  Flags input_flags = qa.flags | qb.flags | epilogue.alpha_flags;
-  const double c = convert_input(fp32(), c_exact, ctx, input_flags);
-  double v = s.unit->dot(ctx, qa, qb, epilogue.applies ? 0.0 : c);
-  if (epilogue.applies) v = ctx.fma(fp32(), epilogue.alpha, v, c);
+  const BlockDotResult r = block_dot(s, ctx, a, b, c_exact);
   if (o.has("--json"))
-    out.line("{" + s.fixed_json + ", " + result_json(fp32(), v, ctx.status()) +
-             ", \"input_flags\": " + flags_json(input_flags) + alpha_json(epilogue) + "}");
+    out.line("{" + s.fixed_json + ", " + result_json(fp32(), r.value, ctx.status()) +
+             ", \"input_flags\": " + flags_json(r.input_flags) + alpha_json(r.epilogue) + "}");
   else
-    out.line(result_text(fp32(), v, ctx.status()) + " (" + s.description +
-             (epilogue.applies ? ", alpha " + json_number(epilogue.alpha) : std::string()) + "; inputs quantised with " +
-             scale_rule_name(s.spec.rule) + " scales: flags " + flags_text(input_flags) + ")");
+    out.line(result_text(fp32(), r.value, ctx.status()) + " (" + s.description + alpha_text(r.epilogue) +
+             "; inputs quantised with " + scale_rule_name(s.spec.rule) + " scales: flags " +
+             flags_text(r.input_flags) + ")");
   return 0;
 }
 
@@ -856,7 +875,7 @@ int dot(const std::vector<std::string>& args, Output& out) {
       throw UsageError("--c: malformed number '" + *c + "': " + e.what());
     }
   }
-  if (const auto block = block_mma_from(o, "dot")) return block_dot(o, *block, a_exact, b_exact, c_exact, out);
+  if (const auto block = block_mma_from(o, "dot")) return print_block_dot(o, *block, a_exact, b_exact, c_exact, out);
   const UnitSetup setup = unit_from(o, "dot");
   Context ctx = context_from(o);
   const Format& in = setup.unit->input_format();
@@ -931,55 +950,38 @@ void expect_rows(const Matrix& m, std::size_t rows, const std::string& why) {
                    std::to_string(rows));
 }
 
-// emu gemm with a block format: A's rows and B's columns quantised along k (nvfp4: one
-// tensor scale for all of A, one for all of B), then the block-scaled MMA per element.
-int block_gemm(const ParsedOptions& o, const BlockMmaSetup& s, const Matrix& A, const Matrix& B,
-               const std::optional<Matrix>& C, Output& out) {
+// emu gemm with a block format (block_gemm), one line per element or per row.
+int print_block_gemm(const ParsedOptions& o, const BlockMmaSetup& s, const Matrix& A, const Matrix& B,
+                     const std::optional<Matrix>& C, Output& out) {
   Context ctx = context_from(o);
   const std::size_t m = A.rows, n = B.cols, k = A.cols;
   std::vector<double> a(m * k), b(k * n);
   for (std::size_t e = 0; e < m * k; ++e) a[e] = round_nearest(fp64(), A.values[e]);
   for (std::size_t e = 0; e < k * n; ++e) b[e] = round_nearest(fp64(), B.values[e]);
-  const double ts_a = tensor_scale_of(s, a), ts_b = tensor_scale_of(s, b);
-  std::vector<BlockQuantized> rows, cols;
-  for (std::size_t i = 0; i < m; ++i)
-    rows.push_back(quantize_along_k(s, std::vector<double>(a.begin() + i * k, a.begin() + (i + 1) * k), ts_a));
-  for (std::size_t j = 0; j < n; ++j) {
-    std::vector<double> column(k);
-    for (std::size_t p = 0; p < k; ++p) column[p] = b[p * n + j];
-    cols.push_back(quantize_along_k(s, column, ts_b));
-  }
-  const Epilogue epilogue = epilogue_for(s, ts_a, ts_b);
-  std::vector<double> c(m * n, 0.0);
-  std::vector<Flags> c_flags(m * n, 0);
-  if (C)
-    for (std::size_t e = 0; e < m * n; ++e) c[e] = convert_input(fp32(), C->values[e], ctx, c_flags[e]);
+  const BlockGemmResult r =
+      block_gemm(s, ctx, m, n, k, a.data(), b.data(), C ? std::span<const Exact>(C->values) : std::span<const Exact>());
 
   const bool json = o.has("--json");
   Flags all_flags = 0, all_input_flags = 0;
   for (std::size_t i = 0; i < m; ++i) {
     std::string row_text;
     for (std::size_t j = 0; j < n; ++j) {
-      ctx.clear_status();
-      const double c_ij = c[i * n + j];
-      double v = s.unit->dot(ctx, rows[i], cols[j], epilogue.applies ? 0.0 : c_ij);
-      if (epilogue.applies) v = ctx.fma(fp32(), epilogue.alpha, v, c_ij);
-      const Flags input_flags = rows[i].flags | cols[j].flags | c_flags[i * n + j] | epilogue.alpha_flags;
-      all_flags |= ctx.status();
-      all_input_flags |= input_flags;
+      const std::size_t e = i * n + j;
+      all_flags |= r.flags[e];
+      all_input_flags |= r.input_flags[e];
       if (json)
         out.line("{" + s.fixed_json + ", \"row\": " + std::to_string(i) + ", \"col\": " + std::to_string(j) + ", " +
-                 result_json(fp32(), v, ctx.status()) + ", \"input_flags\": " + flags_json(input_flags) +
-                 alpha_json(epilogue) + "}");
+                 result_json(fp32(), r.values[e], r.flags[e]) + ", \"input_flags\": " + flags_json(r.input_flags[e]) +
+                 alpha_json(r.epilogue) + "}");
       else
-        row_text += (j ? std::string(" ") : std::string()) + shortest_decimal(fp32(), v);
+        row_text += (j ? std::string(" ") : std::string()) + shortest_decimal(fp32(), r.values[e]);
     }
     if (!json) out.line(row_text);
   }
   if (!json)
-    out.line("flags " + flags_text(all_flags) + " (" + s.description +
-             (epilogue.applies ? ", alpha " + json_number(epilogue.alpha) : std::string()) + "; inputs quantised with " +
-             scale_rule_name(s.spec.rule) + " scales: flags " + flags_text(all_input_flags) + ")");
+    out.line("flags " + flags_text(all_flags) + " (" + s.description + alpha_text(r.epilogue) +
+             "; inputs quantised with " + scale_rule_name(s.spec.rule) + " scales: flags " +
+             flags_text(all_input_flags) + ")");
   return 0;
 }
 
@@ -1001,7 +1003,7 @@ int gemm(const std::vector<std::string>& args, Output& out) {
       throw UsageError(C->path + ":" + std::to_string(C->lines.front()) + ": " + std::to_string(C->cols) +
                        " columns, but A*B + C with B = " + B.path + " needs " + std::to_string(B.cols));
   }
-  if (block) return block_gemm(o, *block, A, B, C, out);
+  if (block) return print_block_gemm(o, *block, A, B, C, out);
   const std::size_t m = A.rows, n = B.cols, k = A.cols;
   const Format& in = setup.unit->input_format();
   const Format& out_format = setup.unit->output_format();

@@ -4,6 +4,8 @@
 
 #include <cstdio>
 #include <memory>
+#include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -12,6 +14,7 @@
 
 #include "emu/arith.hpp"
 #include "emu/block.hpp"
+#include "emu/block_mma.hpp"
 #include "emu/unit.hpp"
 #include "options.hpp"
 
@@ -78,5 +81,43 @@ QuantizeSetup quantize_from(const ParsedOptions& o);
 // Rounds x into f with rne (how inputs enter a unit), collecting the flags; tininess as
 // the context says.
 double convert_input(const Format& f, const Exact& x, const Context& ctx, Flags& flags);
+
+// emu dot and emu gemm with a block format (--in): b200's block-scaled MMA for it, the
+// quantisation spec of the operands (the format's default scale rule or --scale-rule;
+// elements rne, saturating, as emu quantize) and the fixed JSON fields. Empty where --in
+// names no block format; UsageError for a unit other than b200, mxint8, --out other than
+// fp32 or a scale rule the format does not take.
+struct BlockMmaSetup {
+  const BlockFormat* format = nullptr;
+  std::unique_ptr<BlockMmaUnit> unit;
+  BlockSpec spec;
+  std::string fixed_json;   // unit, in, out, format, rounding, kind
+  std::string description;  // the same for people
+};
+std::optional<BlockMmaSetup> block_mma_from(const ParsedOptions& o, std::string_view command);
+
+// c + sum a_i b_i as emu dot computes it with a block format: a and b each quantised
+// along k (nvfp4: each with its default tensor scale), c rounded into fp32 (rne), the
+// MMA under ctx, and nvfp4's tensor scales applied by the epilogue (emu/block_mma.hpp).
+struct BlockDotResult {
+  double value = 0;
+  Flags input_flags = 0;  // the quantisation's, alpha's and c's rounding's
+  TensorScaleEpilogue epilogue;
+};
+BlockDotResult block_dot(const BlockMmaSetup& s, Context& ctx, std::span<const double> a, std::span<const double> b,
+                         const Exact& c);
+
+// A B + C (A m x k, B k x n, row-major; C m x n, or empty for zeros) as emu gemm
+// computes it with a block format: A's rows and B's columns quantised along k (nvfp4:
+// one tensor scale for all of A, one for all of B), each element's C rounded into fp32
+// (rne), then one block-scaled dot product with the epilogue per element, row-major.
+struct BlockGemmResult {
+  std::vector<double> values;     // m x n, row-major
+  std::vector<Flags> flags;       // per element: the unit's (ctx's status, cleared before each)
+  std::vector<Flags> input_flags; // per element: its row's, its column's, alpha's and its C's
+  TensorScaleEpilogue epilogue;
+};
+BlockGemmResult block_gemm(const BlockMmaSetup& s, Context& ctx, std::size_t m, std::size_t n, std::size_t k,
+                           const double* A, const double* B, std::span<const Exact> C);
 
 }  // namespace emu::cli

@@ -6,6 +6,7 @@ The package lives in build/python/roundoff/ after `scripts/setup --python`;
     import numpy as np, roundoff
     y, flags = roundoff.round(np.float32([0.1, 1e-6]), "fp16", "sr", seed=7)
     C, flags = roundoff.matmul(A, B, unit="a100")
+    D, flags = roundoff.matmul(A, B, unit="b200", in_format="mxfp8-e4m3")  # block-scaled MMA
 
 A sweep's output: roundoff.results (read it), roundoff.plot (its figures, laid out along
 the grid), roundoff.report (one self-contained HTML page).
@@ -231,20 +232,29 @@ class Context:
         return self._apply("convert", format, a)
 
 
-def _unit_args(unit, in_format, out_format, rounding, seed, sr_bits, overflow, rng, tininess):
+def _unit_args(unit, in_format, out_format, rounding, seed, sr_bits, overflow, rng, tininess, scale_rule):
     optional = lambda v, n: None if v is None else _text(v, n)  # noqa: E731
     return _core.UnitArgs(_text(unit, "unit"), optional(in_format, "in_format"), optional(out_format, "out_format"),
-                          _rounding(rounding, seed, sr_bits, overflow, rng, tininess))
+                          _rounding(rounding, seed, sr_bits, overflow, rng, tininess),
+                          optional(scale_rule, "scale_rule"))
 
 
 def dot(a, b, c=0, *, unit, in_format=None, out_format=None, rounding="rne", seed=0, sr_bits=0, overflow="inf",
-        rng="philox", tininess="before"):
+        rng="philox", tininess="before", scale_rule=None):
     """c + sum a_i*b_i as `unit` computes it; returns (value, Flags), as `emu dot`.
 
     a and b are rounded into the unit's input format and c into its output format with
     rne first (in_format/out_format as --in/--out); the flags are those of the unit's
     computation and of those conversions (`emu dot`'s flags and input_flags together).
     The value is a Python float (a value of the output format).
+
+    A block format as in_format (mxfp8-e4m3 mxfp8-e5m2 mxfp6-e2m3 mxfp6-e3m2 mxfp4-e2m1
+    nvfp4) with unit="b200" runs Blackwell's block-scaled MMA as `emu dot --unit b200
+    --in FORMAT [--scale-rule R]` does: a and b each quantised into blocks (scale_rule:
+    floor, ceil, even, up, nearest; None = the format's default), c rounded into fp32,
+    nvfp4's tensor scales applied after the MMA as alpha in one fp32 fma under
+    `rounding`; fp32 output. mxint8, another unit, or scale_rule without a block format
+    raise ValueError with emu's message.
     """
     a, b = _doubles(a, "a").ravel(), _doubles(b, "b").ravel()
     c = _real_array(c, "c")
@@ -252,19 +262,24 @@ def dot(a, b, c=0, *, unit, in_format=None, out_format=None, rounding="rne", see
         raise ValueError("dot: c must be a scalar")
     value, flags, input_flags, _ = _core.dot(a, b, float(c),
                                              _unit_args(unit, in_format, out_format, rounding, seed, sr_bits,
-                                                        overflow, rng, tininess))
+                                                        overflow, rng, tininess, scale_rule))
     return value, Flags(flags | input_flags)
 
 
 def matmul(A, B, C=None, *, unit, in_format=None, out_format=None, rounding="rne", seed=0, sr_bits=0,
-           overflow="inf", rng="philox", tininess="before"):
+           overflow="inf", rng="philox", tininess="before", scale_rule=None):
     """A @ B + C through `unit`; returns (matrix, Flags), element for element as `emu gemm`.
 
     A (m x k) and B (k x n) are rounded into the unit's input format and C (default zero)
     into its output format with rne; the flags are those of every element's computation
     and of those conversions.
+
+    A block format as in_format with unit="b200" (see dot) quantises A's rows and B's
+    columns into blocks along k (nvfp4: one tensor scale for all of A, one for all of B)
+    and runs the block-scaled MMA per element, as `emu gemm --unit b200 --in FORMAT`;
+    the result is float32.
     """
-    args = _unit_args(unit, in_format, out_format, rounding, seed, sr_bits, overflow, rng, tininess)
+    args = _unit_args(unit, in_format, out_format, rounding, seed, sr_bits, overflow, rng, tininess, scale_rule)
     C = None if C is None else _doubles(C, "C")
     result, flags, input_flags = _core.matmul(_doubles(A, "A"), _doubles(B, "B"), C, args)
     return result, Flags(flags | input_flags)

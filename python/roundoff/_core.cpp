@@ -1,8 +1,9 @@
 // roundoff._core: the C++ core for Python. Every function reaches emu through the same
 // code as the emu calculator: the options are given to the CLI's own parser (so the
 // checks and error messages are the CLI's), contexts come from its context_from, units
-// from its unit_from, unit inputs through its convert_input. Python-side argument
-// handling (dtypes, shapes, broadcasting, the Flags type) lives in __init__.py.
+// from its unit_from, unit inputs through its convert_input, and block formats (b200's
+// block-scaled MMA) through its block_mma_from, block_dot and block_gemm. Python-side
+// argument handling (dtypes, shapes, broadcasting, the Flags type) lives in __init__.py.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -253,6 +254,7 @@ struct UnitArgs {
   std::string unit;
   std::optional<std::string> in, out;
   Rounding rounding;
+  std::optional<std::string> scale_rule;  // block formats only
 };
 
 emu::cli::ParsedOptions unit_options(const char* command, const UnitArgs& u) {
@@ -260,15 +262,29 @@ emu::cli::ParsedOptions unit_options(const char* command, const UnitArgs& u) {
   args.insert(args.end(), {"--unit", u.unit});
   if (u.in) args.insert(args.end(), {"--in", *u.in});
   if (u.out) args.insert(args.end(), {"--out", *u.out});
+  if (u.scale_rule) args.insert(args.end(), {"--scale-rule", *u.scale_rule});
   return parse(command, args);
+}
+
+// A block format (b200's block-scaled MMA) through the CLI's own block_dot.
+py::tuple block_dot(const emu::cli::BlockMmaSetup& setup, emu::Context& ctx, const Doubles& a, const Doubles& b,
+                    double c_value) {
+  const std::size_t k = static_cast<std::size_t>(a.size());
+  emu::cli::BlockDotResult r;
+  {
+    py::gil_scoped_release release;
+    r = emu::cli::block_dot(setup, ctx, {a.data(), k}, {b.data(), k}, emu::Exact{c_value});
+  }
+  return py::make_tuple(r.value, static_cast<int>(ctx.status()), static_cast<int>(r.input_flags), "fp32");
 }
 
 py::tuple dot(const Doubles& a, const Doubles& b, double c_value, const UnitArgs& u) {
   const auto o = unit_options("dot", u);
-  const emu::cli::UnitSetup setup = emu::cli::unit_from(o, "dot");
-  emu::Context ctx = emu::cli::context_from(o);
   if (a.size() != b.size())
     throw UsageError("emu dot: --a has " + std::to_string(a.size()) + " values but --b has " + std::to_string(b.size()));
+  emu::Context ctx = emu::cli::context_from(o);
+  if (const auto block = emu::cli::block_mma_from(o, "dot")) return block_dot(*block, ctx, a, b, c_value);
+  const emu::cli::UnitSetup setup = emu::cli::unit_from(o, "dot");
   const std::size_t k = static_cast<std::size_t>(a.size());
   emu::Flags input_flags = 0;
   std::vector<double> av(k), bv(k);
@@ -299,9 +315,32 @@ const double* unit_input(const emu::Format& f, const Doubles& x, std::vector<dou
   return copy.data();
 }
 
+// A block format (b200's block-scaled MMA) through the CLI's own block_gemm.
+py::tuple block_matmul(const emu::cli::BlockMmaSetup& setup, emu::Context& ctx, const Doubles& A, const Doubles& B,
+                       const std::optional<Doubles>& C) {
+  const std::size_t m = A.shape(0), k = A.shape(1), n = B.shape(1);
+  std::vector<emu::Exact> c;
+  if (C)
+    for (std::size_t e = 0; e < m * n; ++e) c.push_back(emu::Exact{C->data()[e]});
+  emu::cli::BlockGemmResult r;
+  {
+    py::gil_scoped_release release;
+    r = emu::cli::block_gemm(setup, ctx, m, n, k, A.data(), B.data(), c);
+  }
+  emu::Flags flags = 0, input_flags = 0;
+  for (std::size_t e = 0; e < m * n; ++e) {
+    flags |= r.flags[e];
+    input_flags |= r.input_flags[e];
+  }
+  return py::make_tuple(result_array(emu::fp32(), r.values, {static_cast<py::ssize_t>(m), static_cast<py::ssize_t>(n)}),
+                        static_cast<int>(flags), static_cast<int>(input_flags));
+}
+
 py::tuple matmul(const Doubles& A, const Doubles& B, const std::optional<Doubles>& C, const UnitArgs& u) {
   const auto o = unit_options("gemm", u);
-  const emu::cli::UnitSetup setup = emu::cli::unit_from(o, "gemm");
+  const std::optional<emu::cli::BlockMmaSetup> block = emu::cli::block_mma_from(o, "gemm");
+  emu::cli::UnitSetup setup;
+  if (!block) setup = emu::cli::unit_from(o, "gemm");
   emu::Context ctx = emu::cli::context_from(o);
   if (A.ndim() != 2 || B.ndim() != 2 || (C && C->ndim() != 2))
     throw py::value_error("matmul: A, B and C must be matrices (2 dimensions)");
@@ -312,6 +351,7 @@ py::tuple matmul(const Doubles& A, const Doubles& B, const std::optional<Doubles
   if (C && (static_cast<std::size_t>(C->shape(0)) != m || static_cast<std::size_t>(C->shape(1)) != n))
     throw UsageError("matmul: C is " + std::to_string(C->shape(0)) + " x " + std::to_string(C->shape(1)) +
                      ", but A*B + C needs " + std::to_string(m) + " x " + std::to_string(n));
+  if (block) return block_matmul(*block, ctx, A, B, C);
   const emu::Format& in = setup.unit->input_format();
   const emu::Format& out = setup.unit->output_format();
   std::vector<double> a_copy, b_copy, c(m * n, 0.0);
@@ -363,7 +403,7 @@ double time_round_kernel(const Floats& x, const std::string& format, const Round
 
 // The unit's gemm alone on inputs already in its formats (as benchmarks/gemm_bench.cpp).
 double time_unit_gemm(const Doubles& A, const Doubles& B, const std::string& unit, int repeats) {
-  const auto o = unit_options("gemm", UnitArgs{unit, std::nullopt, std::nullopt, Rounding{}});
+  const auto o = unit_options("gemm", UnitArgs{unit, std::nullopt, std::nullopt, Rounding{}, std::nullopt});
   const emu::cli::UnitSetup setup = emu::cli::unit_from(o, "gemm");
   emu::Context ctx = emu::cli::context_from(o);
   const std::size_t m = A.shape(0), k = A.shape(1), n = B.shape(1);
@@ -409,7 +449,8 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init<std::string, std::string, std::string, std::string, std::string, std::string>(), py::arg("rounding"),
            py::arg("seed"), py::arg("sr_bits"), py::arg("overflow"), py::arg("rng"), py::arg("tininess"));
   py::class_<UnitArgs>(m, "UnitArgs")
-      .def(py::init<std::string, std::optional<std::string>, std::optional<std::string>, Rounding>());
+      .def(py::init<std::string, std::optional<std::string>, std::optional<std::string>, Rounding,
+                    std::optional<std::string>>());
 
   m.def("round", &round_values, py::arg("x"), py::arg("format"), py::arg("rounding"), py::arg("subnormals"),
         py::arg("out") = py::none());

@@ -106,7 +106,8 @@ TEST_CASE("block formats as operands of matmul_accum and inputs of norm_stats", 
     CHECK(r.metrics.at("max_rel_error") <= 0x1p-24);
     CHECK(r.metrics.at("frac_nonfinite") == 0);
   }
-  // The tensor cores and the IPU take scalar formats only.
+  // Tensor cores other than b200 (test_matmul_accum_blocks.cpp) and the IPU take scalar
+  // formats only.
   CHECK_THROWS_WITH(run_experiment("matmul_accum", {{"unit", std::string("h100")}, {"in_format", std::string("nvfp4")}}),
                     Catch::Contains("block format"));
   const auto ns = run_experiment("norm_stats", {{"format", std::string("mxfp8-e4m3")}, {"mean", 0.0},

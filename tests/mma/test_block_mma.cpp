@@ -5,7 +5,8 @@
 // with both scales' exponents; fp4 groups of 16 with the scales' exponents alone),
 // truncated to 25 or 35 bits below the largest exponent, added exactly, rounded toward
 // zero into fp32, instructions of 32 or 64 chained through fp32. There is no measured
-// data for these instructions: the model is the documented one, nothing more.
+// data for these instructions: the model is the documented one, nothing more. nvfp4's
+// tensor-scale epilogue against the host's fp32 rounding and fmaf.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -697,4 +698,84 @@ TEST_CASE("block-scaled MMA from quantize(): gemm equals dot per element, flags 
   CHECK_THROWS_WITH(unit->dot(ctx, q32, q33, 0.0), Catch::Contains("33"));
   CHECK_THROWS_WITH(unit->dot(ctx, q32, q32, 0.1), Catch::Contains("fp32"));
   CHECK(unit->dot(ctx, q32, q32, 0.0) == 32.0);
+}
+
+TEST_CASE("nvfp4's tensor-scale epilogue: alpha = fp32(ts_a ts_b), then one fp32 fma; MX has none", "[block_mma]") {
+  std::mt19937_64 rng(8);
+  std::normal_distribution<double> normal(0, 1);
+  const BlockFormat& f = emu::block_format_by_name("nvfp4");
+  const auto unit = emu::make_block_mma_unit(UnitKind::b200, f, f);
+  // Tensor scales whose product is no fp32 value (alpha rounds), as quantize takes them.
+  const double ts_a = static_cast<float>(0.0013), ts_b = static_cast<float>(3.7e-3);
+  REQUIRE(static_cast<double>(static_cast<float>(ts_a * ts_b)) != ts_a * ts_b);
+  emu::BlockSpec spec_a = emu::default_block_spec(f), spec_b = spec_a;
+  spec_a.tensor_scale = ts_a;
+  spec_b.tensor_scale = ts_b;
+  const std::size_t m = 3, n = 3, k = 160;
+  std::vector<BlockQuantized> rows, cols;
+  for (std::size_t i = 0; i < m; ++i) {
+    std::vector<double> v(k);
+    for (double& x : v) x = normal(rng) * 10;
+    rows.push_back(emu::quantize(f, v, spec_a, nullptr));
+  }
+  for (std::size_t j = 0; j < n; ++j) {
+    std::vector<double> v(k);
+    for (double& x : v) x = normal(rng) * 10;
+    cols.push_back(emu::quantize(f, v, spec_b, nullptr));
+  }
+  const emu::TensorScaleEpilogue epilogue = unit->tensor_scale_epilogue(ts_a, ts_b);
+  CHECK(epilogue.applies);
+  // The host rounds the exact double product of two fp32 values once, to nearest even.
+  CHECK(epilogue.alpha == static_cast<float>(ts_a * ts_b));
+  CHECK(epilogue.alpha_flags == emu::INEXACT);
+
+  std::vector<double> C(m * n), D(m * n);
+  for (double& c : C) c = static_cast<float>(normal(rng) * 1e-4);
+  D = C;
+  emu::Context gemm_ctx;
+  unit->gemm(gemm_ctx, rows, cols, D.data(), n, epilogue);
+  Flags all = 0;
+  bool some_inexact_epilogue = false;
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < n; ++j) {
+      const double c = C[i * n + j];
+      emu::Context mma_ctx;
+      const double r = unit->dot(mma_ctx, rows[i], cols[j], 0.0);  // the MMA from zero
+      // One fp32 fma with one rounding (glibc's fmaf rounds once, to nearest even).
+      const float want = std::fmaf(static_cast<float>(epilogue.alpha), static_cast<float>(r), static_cast<float>(c));
+      emu::Context ctx;
+      const double d = unit->dot(ctx, rows[i], cols[j], c, epilogue);
+      CHECK(fp32_bits(d) == std::bit_cast<std::uint32_t>(want));
+      CHECK(fp32_bits(D[i * n + j]) == fp32_bits(d));
+      all |= ctx.status();
+      // alpha * r is exact in double: the fma's rounding shows where the sum is no fp32 value.
+      some_inexact_epilogue = some_inexact_epilogue || static_cast<double>(want) != epilogue.alpha * r + c;
+      // The fma rounds under the context: ru and rd bracket rne.
+      emu::FpControl up, down;
+      up.rounding = emu::Rounding::ru;
+      down.rounding = emu::Rounding::rd;
+      emu::Context ctx_up(up), ctx_down(down);
+      const double d_up = unit->dot(ctx_up, rows[i], cols[j], c, epilogue);
+      const double d_down = unit->dot(ctx_down, rows[i], cols[j], c, epilogue);
+      CHECK(d_down <= d);
+      CHECK(d <= d_up);
+      CHECK(d_down < d_up);  // alpha * r + c is no fp32 value with these data
+    }
+  CHECK(gemm_ctx.status() == all);
+  CHECK(some_inexact_epilogue);
+
+  // An alpha beyond fp32 is infinity, with OFLO among alpha's flags.
+  const emu::TensorScaleEpilogue huge = unit->tensor_scale_epilogue(p2(100), p2(100));
+  CHECK(huge.alpha == INFINITY);
+  CHECK(huge.alpha_flags == (emu::OFLO | emu::INEXACT));
+  // MX formats have no tensor scale: no epilogue, c is the MMA's accumulator.
+  const BlockFormat& mx = emu::block_format_by_name("mxfp8-e4m3");
+  const auto mx_unit = emu::make_block_mma_unit(UnitKind::b200, mx, mx);
+  const emu::TensorScaleEpilogue none = mx_unit->tensor_scale_epilogue(1.0, 1.0);
+  CHECK_FALSE(none.applies);
+  std::vector<double> v(64);
+  for (double& x : v) x = normal(rng);
+  const BlockQuantized q = emu::quantize(mx, v, emu::default_block_spec(mx), nullptr);
+  emu::Context a, b;
+  CHECK(fp32_bits(mx_unit->dot(a, q, q, 0.25, none)) == fp32_bits(mx_unit->dot(b, q, q, 0.25)));
 }

@@ -284,6 +284,63 @@ def test_dot_with_formats_and_rounding_matches_emu():
         assert value == emu_value(e["value"]), args
 
 
+@pytest.mark.parametrize("format, options", [
+    ("mxfp8-e4m3", {}), ("mxfp8-e5m2", {"scale_rule": "nearest"}), ("mxfp6-e2m3", {}),
+    ("mxfp6-e3m2", {"scale_rule": "up"}), ("mxfp4-e2m1", {}), ("mxfp4-e2m1", {"scale_rule": "even"}),
+    ("nvfp4", {}), ("nvfp4", {"scale_rule": "up", "rounding": "ru"}),
+])
+def test_block_dot_and_matmul_match_emu(format, options, tmp_path):
+    # b200's block-scaled MMA: k = 80 (two and a half MX blocks, five nvfp4 blocks) with
+    # outliers and tiny values, so that quantisation and the MMA raise flags.
+    rng = np.random.default_rng(5)
+    A = rng.standard_normal((3, 80)) * np.exp(rng.uniform(-6, 3, (3, 80)))
+    B = rng.standard_normal((80, 2)) * np.exp(rng.uniform(-6, 3, (80, 2)))
+    A[0, 7], B[11, 1], A[2, 40] = 4e4, -3e-9, 0.0
+    C = rng.standard_normal((3, 2))
+    cli = ["--unit", "b200", "--in", format] + [f"--{key.replace('_', '-')}={value}" for key, value in options.items()]
+    got, flags = roundoff.matmul(A, B, C, unit="b200", in_format=format, **options)
+    expected = emu("gemm", write_matrix(tmp_path / "A", A), write_matrix(tmp_path / "B", B),
+                   write_matrix(tmp_path / "C", C), *cli)
+    assert got.dtype == np.float32 and got.shape == (3, 2) and len(expected) == 6
+    all_flags = roundoff.Flags(0)
+    for e in expected:
+        assert e["kind"] == ("mxf8f6f4" if format.startswith(("mxfp8", "mxfp6")) else "mxf4nvf4")
+        assert ("alpha" in e) == (format == "nvfp4")
+        assert float(got[e["row"], e["col"]]) == emu_value(e["value"]), e
+        all_flags |= flags_of(e["flags"]) | flags_of(e["input_flags"])
+    assert flags == all_flags
+    assert roundoff.Flags.INEXACT in flags
+    for i, j in [(0, 1), (2, 0)]:
+        value, flags = roundoff.dot(A[i], B[:, j], C[i, j], unit="b200", in_format=format, **options)
+        (e,) = emu("dot", "--a", ",".join(map(repr, A[i])), "--b", ",".join(map(repr, B[:, j])),
+                   "--c", repr(C[i, j]), *cli)
+        assert value == emu_value(e["value"]), (i, j)
+        assert flags == flags_of(e["flags"]) | flags_of(e["input_flags"])
+
+
+def test_block_format_errors_are_emus():
+    # Another unit, mxint8, --out other than fp32: ValueError with emu's message.
+    for extra in [["--unit", "h100", "--in", "nvfp4"], ["--unit", "b200", "--in", "mxint8"],
+                  ["--unit", "b200", "--in", "mxfp8-e4m3", "--out", "fp16"],
+                  ["--unit", "b200", "--in", "nvfp4", "--scale-rule", "floor"],
+                  ["--unit", "a100", "--in", "fp16", "--scale-rule", "up"]]:
+        done = subprocess.run([EMU, "dot", "--a", "1,2", "--b", "3,4", *extra], capture_output=True, text=True)
+        assert done.returncode == 2, extra
+        options = dict(zip(extra[::2], extra[1::2]))
+        kwargs = dict(unit=options["--unit"], in_format=options["--in"], out_format=options.get("--out"),
+                      scale_rule=options.get("--scale-rule"))
+        with pytest.raises(ValueError) as caught:
+            roundoff.dot([1.0, 2.0], [3.0, 4.0], **kwargs)
+        assert str(caught.value) in done.stderr, extra
+        with pytest.raises(ValueError) as caught:
+            roundoff.matmul(np.ones((2, 2)), np.ones((2, 2)), **kwargs)
+        assert str(caught.value) in done.stderr, extra
+    with pytest.raises(ValueError, match="b200"):
+        roundoff.matmul(np.ones((2, 2)), np.ones((2, 2)), unit="ipu-amp", in_format="mxfp4-e2m1")
+    with pytest.raises(TypeError, match="scale_rule must be a str"):
+        roundoff.dot([1.0], [1.0], unit="b200", in_format="nvfp4", scale_rule=1)
+
+
 def test_context_operations_match_emu_eval():
     ctx = roundoff.Context(rounding="rz")
     a, b = np.array([0.1, 300.0, 1e-4]), np.array([0.2, 300.0, 3.0])
