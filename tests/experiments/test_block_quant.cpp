@@ -12,6 +12,7 @@
 #include "emu/block.hpp"
 #include "emu/format.hpp"
 #include "tests/run_experiment.hpp"
+#include "tests/experiments/sweep_checks.hpp"
 #include "tests/sweep/support.hpp"
 
 using roundoff::ParamValue;
@@ -116,23 +117,13 @@ TEST_CASE("block formats as operands of matmul_accum and inputs of norm_stats", 
 }
 
 TEST_CASE("block_quant through sweep: -j1 and -j2 give the same file; the shipped config plans", "[block_quant][sweep]") {
-  const char* sweep = std::getenv("SWEEP");
-  const char* root = std::getenv("ROUNDOFF_ROOT");
-  if (!sweep || !root) FAIL("set SWEEP and ROUNDOFF_ROOT (meson test does)");
   sweep_test::TempDir dir;
-  sweep_test::write_file(dir / "b.yaml",
-                         "experiment: block_quant\nseed: 3\nreplicas: 2\ngrid:\n  n: 2000\n"
-                         "  distribution: [outliers, lognormal]\n  rounding: [rne, sr]\n"
-                         "zip:\n  format: [mxfp4-e2m1, nvfp4]\n  scale_rule: [even, up]\n");
-  REQUIRE(sweep_test::run_program(sweep, {"b.yaml", "-j", "1", "-o", "one.h5", "--quiet"}, dir.path().string())
-              .status == 0);
-  REQUIRE(sweep_test::run_program(sweep, {"b.yaml", "-j", "2", "-o", "two.h5", "--quiet"}, dir.path().string())
-              .status == 0);
-  CHECK(sweep_test::first_difference(dir / "one.h5", dir / "two.h5") == "");
-  const auto dry = sweep_test::run_program(
-      sweep, {std::string(root) + "/configs/block_quant.yaml", "--dry-run", "-o", dir / "dry.h5"}, dir.path().string());
-  INFO(dry.out << dry.err);
-  CHECK(dry.status == 0);
+  experiments_test::check_threads_agree_and_shipped_config_plans(
+      dir,
+      "experiment: block_quant\nseed: 3\nreplicas: 2\ngrid:\n  n: 2000\n"
+      "  distribution: [outliers, lognormal]\n  rounding: [rne, sr]\n"
+      "zip:\n  format: [mxfp4-e2m1, nvfp4]\n  scale_rule: [even, up]\n",
+      "block_quant.yaml");
 }
 
 // Whether `word` occurs in `text` as a whole name (not inside a longer one: fp8-e4m3 in

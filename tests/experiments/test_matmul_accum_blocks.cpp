@@ -21,6 +21,7 @@
 #include "emu/rng.hpp"
 #include "experiments/experiment.hpp"
 #include "tests/run_experiment.hpp"
+#include "tests/experiments/sweep_checks.hpp"
 #include "tests/sweep/support.hpp"
 
 using roundoff::ParamValue;
@@ -226,22 +227,12 @@ TEST_CASE("matmul_accum: block formats on units that cannot take them are refuse
 
 TEST_CASE("matmul_accum on b200 through sweep: -j1 and -j2 give the same file; configs/block_mma.yaml plans",
           "[matmul_accum][block_mma][sweep]") {
-  const char* sweep = std::getenv("SWEEP");
-  const char* root = std::getenv("ROUNDOFF_ROOT");
-  if (!sweep || !root) FAIL("set SWEEP and ROUNDOFF_ROOT (meson test does)");
   sweep_test::TempDir dir;
-  sweep_test::write_file(dir / "b.yaml",
-                         "experiment: matmul_accum\nseed: 3\nreplicas: 2\ngrid:\n  K: [96, 640]\n"
-                         "  distribution: normal\n  sign: mixed\n  rounding: [rne, ru]\n"
-                         "zip:\n  unit: [b200, b200, b200, exact]\n"
-                         "  in_format: [mxfp8-e5m2, mxfp4-e2m1, nvfp4, nvfp4]\n");
-  REQUIRE(sweep_test::run_program(sweep, {"b.yaml", "-j", "1", "-o", "one.h5", "--quiet"}, dir.path().string())
-              .status == 0);
-  REQUIRE(sweep_test::run_program(sweep, {"b.yaml", "-j", "2", "-o", "two.h5", "--quiet"}, dir.path().string())
-              .status == 0);
-  CHECK(sweep_test::first_difference(dir / "one.h5", dir / "two.h5") == "");
-  const auto dry = sweep_test::run_program(
-      sweep, {std::string(root) + "/configs/block_mma.yaml", "--dry-run", "-o", dir / "dry.h5"}, dir.path().string());
-  INFO(dry.out << dry.err);
-  CHECK(dry.status == 0);
+  experiments_test::check_threads_agree_and_shipped_config_plans(
+      dir,
+      "experiment: matmul_accum\nseed: 3\nreplicas: 2\ngrid:\n  K: [96, 640]\n"
+      "  distribution: normal\n  sign: mixed\n  rounding: [rne, ru]\n"
+      "zip:\n  unit: [b200, b200, b200, exact]\n"
+      "  in_format: [mxfp8-e5m2, mxfp4-e2m1, nvfp4, nvfp4]\n",
+      "block_mma.yaml");
 }

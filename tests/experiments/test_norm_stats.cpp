@@ -23,6 +23,7 @@
 #include "emu/rng.hpp"
 #include "experiments/norm_stats.hpp"
 #include "tests/run_experiment.hpp"
+#include "tests/experiments/sweep_checks.hpp"
 #include "tests/sweep/support.hpp"
 
 using roundoff::testing::run_experiment;
@@ -525,23 +526,12 @@ TEST_CASE("norm_stats: common random numbers and parameter checks", "[norm_stats
 }
 
 TEST_CASE("norm_stats through build/sweep: -j1 and -j2 identical; the shipped config plans", "[norm_stats][sweep]") {
-  const char* sweep = std::getenv("SWEEP");
-  const char* root = std::getenv("ROUNDOFF_ROOT");
-  if (!sweep || !root) FAIL("set SWEEP and ROUNDOFF_ROOT (meson test does)");
   sweep_test::TempDir dir;
-  sweep_test::write_file(dir / "n.yaml",
-                         "experiment: norm_stats\nseed: 11\nreplicas: 3\ngrid:\n  accumulation: [fp16, fp32]\n"
-                         "  algorithm: [naive, two_pass, welford]\n  mean: [10, 300]\n  length: 64\n"
-                         "  vectors: 4\n  fp_exceptions: count\n");
-  REQUIRE(sweep_test::run_program(sweep, {"n.yaml", "-j", "1", "-o", "one.h5", "--quiet"}, dir.path().string())
-              .status == 0);
-  REQUIRE(sweep_test::run_program(sweep, {"n.yaml", "-j", "2", "-o", "two.h5", "--quiet"}, dir.path().string())
-              .status == 0);
-  CHECK(sweep_test::first_difference(dir / "one.h5", dir / "two.h5") == "");
+  experiments_test::check_threads_agree_and_shipped_config_plans(
+      dir,
+      "experiment: norm_stats\nseed: 11\nreplicas: 3\ngrid:\n  accumulation: [fp16, fp32]\n"
+      "  algorithm: [naive, two_pass, welford]\n  mean: [10, 300]\n  length: 64\n"
+      "  vectors: 4\n  fp_exceptions: count\n",
+      "norm_stats.yaml");
   CHECK(sweep_test::dataset_shape(dir / "one.h5", "metrics/var_rel_error") == std::vector<hsize_t>{12, 3});
-
-  const auto dry = sweep_test::run_program(
-      sweep, {std::string(root) + "/configs/norm_stats.yaml", "--dry-run", "-o", dir / "dry.h5"}, dir.path().string());
-  INFO(dry.out << dry.err);
-  CHECK(dry.status == 0);
 }
