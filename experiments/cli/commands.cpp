@@ -633,6 +633,38 @@ int quantize_values(const std::vector<std::string>& args, Output& out) {
 
 }  // namespace
 
+namespace {
+
+// --scale-rule for block format f: its default rule when absent; UsageError for a name
+// that is none or a rule f does not take.
+ScaleRule scale_rule_from(const ParsedOptions& o, const BlockFormat& f) {
+  const auto r = o.get("--scale-rule");
+  if (!r) return f.default_rule();
+  ScaleRule rule;
+  try {
+    rule = scale_rule_by_name(*r);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--scale-rule: ") + e.what());
+  }
+  if (!f.accepts(rule))
+    throw UsageError("--scale-rule " + *r + ": " + f.name() + "'s " + f.scale().name() +
+                     " scale is not a power of two (take up or nearest)");
+  return rule;
+}
+
+// --unit, required: `hint` completes the message when it is missing.
+UnitKind unit_kind_from(const ParsedOptions& o, std::string_view command, const std::string& hint) {
+  const auto name = o.get("--unit");
+  if (!name) throw UsageError("emu " + std::string(command) + ": --unit is required (" + hint + ")");
+  try {
+    return unit_kind_by_name(*name);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--unit: ") + e.what());
+  }
+}
+
+}  // namespace
+
 QuantizeSetup quantize_from(const ParsedOptions& o) {
   const auto name = o.get("--format");
   if (!name) throw UsageError("--format is required (e.g. --format mxfp4-e2m1)");
@@ -643,16 +675,7 @@ QuantizeSetup quantize_from(const ParsedOptions& o) {
     throw UsageError(std::string("--format: ") + e.what());
   }
   BlockSpec spec = default_block_spec(*f);
-  if (const auto r = o.get("--scale-rule")) {
-    try {
-      spec.rule = scale_rule_by_name(*r);
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(std::string("--scale-rule: ") + e.what());
-    }
-    if (!f->accepts(spec.rule))
-      throw UsageError("--scale-rule " + *r + ": " + f->name() + "'s " + f->scale().name() +
-                       " scale is not a power of two (take up or nearest)");
-  }
+  spec.rule = scale_rule_from(o, *f);
   if (const auto t = o.get("--tensor-scale")) {
     if (!f->has_tensor_scale()) throw UsageError("--tensor-scale: " + f->name() + " has no tensor scale (nvfp4 has)");
     double value = 0;
@@ -673,14 +696,8 @@ QuantizeSetup quantize_from(const ParsedOptions& o) {
 }
 
 UnitSetup unit_from(const ParsedOptions& o, std::string_view command) {
-  const auto name = o.get("--unit");
-  if (!name) throw UsageError("emu " + std::string(command) + ": --unit is required (e.g. --unit exact)");
-  UnitKind kind;
-  try {
-    kind = unit_kind_by_name(*name);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(std::string("--unit: ") + e.what());
-  }
+  const UnitKind kind = unit_kind_from(o, command, "e.g. --unit exact");
+  const std::string name = *o.get("--unit");
   std::optional<Format> in, out;
   if (const auto v = o.get("--in"); v && is_block_format_name(*v))
     throw UsageError("--in " + *v + ": a block format: emu dot and emu gemm take it with --unit b200");
@@ -691,9 +708,9 @@ UnitSetup unit_from(const ParsedOptions& o, std::string_view command) {
   try {
     s.unit = make_unit(kind, in, out);
   } catch (const std::invalid_argument& e) {
-    throw UsageError("--unit " + *name + ": " + e.what());
+    throw UsageError("--unit " + name + ": " + e.what());
   }
-  s.fixed_json = "\"unit\": " + json_string(*name) + ", \"in\": " + json_string(s.unit->input_format().name()) +
+  s.fixed_json = "\"unit\": " + json_string(name) + ", \"in\": " + json_string(s.unit->input_format().name()) +
                  ", \"out\": " + json_string(s.unit->output_format().name()) +
                  ", \"format\": " + json_string(s.unit->output_format().name()) +
                  ", \"rounding\": " + json_string(rounding_from(o));
@@ -736,17 +753,10 @@ std::vector<Exact> number_list(std::string_view option, const std::string& text)
 std::optional<BlockMmaSetup> block_mma_from(const ParsedOptions& o, std::string_view command) {
   const auto in = o.get("--in");
   if (!in || !is_block_format_name(*in)) return std::nullopt;
-  const auto unit_name = o.get("--unit");
-  if (!unit_name)
-    throw UsageError("emu " + std::string(command) + ": --unit is required (--unit b200 for --in " + *in + ")");
-  UnitKind kind;
-  try {
-    kind = unit_kind_by_name(*unit_name);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(std::string("--unit: ") + e.what());
-  }
+  const UnitKind kind = unit_kind_from(o, command, "--unit b200 for --in " + *in);
+  const std::string unit_name = *o.get("--unit");
   if (kind != UnitKind::b200)
-    throw UsageError("--unit " + *unit_name + ": block formats (--in " + *in +
+    throw UsageError("--unit " + unit_name + ": block formats (--in " + *in +
                      ") are taken by --unit b200 only (Blackwell's block-scaled MMA)");
   if (const auto v = o.get("--out"); v && format_named("--out", *v) != fp32())
     throw UsageError("--out " + *v + ": b200's block-scaled MMA gives fp32 output only");
@@ -758,21 +768,12 @@ std::optional<BlockMmaSetup> block_mma_from(const ParsedOptions& o, std::string_
     throw UsageError("--in " + *in + ": " + e.what());
   }
   s.spec = default_block_spec(*s.format);
-  if (const auto r = o.get("--scale-rule")) {
-    try {
-      s.spec.rule = scale_rule_by_name(*r);
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(std::string("--scale-rule: ") + e.what());
-    }
-    if (!s.format->accepts(s.spec.rule))
-      throw UsageError("--scale-rule " + *r + ": " + s.format->name() + "'s " + s.format->scale().name() +
-                       " scale is not a power of two (take up or nearest)");
-  }
+  s.spec.rule = scale_rule_from(o, *s.format);
   const std::string kind_name = block_mma_kind_name(s.unit->params().kind);
-  s.fixed_json = "\"unit\": " + json_string(*unit_name) + ", \"in\": " + json_string(*in) +
+  s.fixed_json = "\"unit\": " + json_string(unit_name) + ", \"in\": " + json_string(*in) +
                  ", \"out\": \"fp32\", \"format\": \"fp32\", \"rounding\": " + json_string(rounding_from(o)) +
                  ", \"kind\": " + json_string(kind_name);
-  s.description = "unit " + *unit_name + " block-scaled kind::" + kind_name + ", in " + *in + ", out fp32";
+  s.description = "unit " + unit_name + " block-scaled kind::" + kind_name + ", in " + *in + ", out fp32";
   return s;
 }
 
