@@ -562,7 +562,7 @@ def metric_figure(results, metrics, points=None, roles=None, references=None, ti
     the axis' groups of parameters with equal values, one value per group."""
     if isinstance(metrics, str):
         metrics = [metrics]
-    points = _drawable_points(results) if points is None else list(points)
+    points = results.written_points() if points is None else list(points)
     layout = Layout(results, points, roles, labeler=labeler)
     per_metric_columns = len(metrics) > 1
     if per_metric_columns and layout.cols is not None:
@@ -723,23 +723,24 @@ def _nonfinite_handle():
     return Line2D([], [], color="0.2", marker="x", ls="none", ms=7, mew=1.6)
 
 
-def _drawable_points(results):
-    return [int(p) for p in np.flatnonzero(results.done_replicas.any(axis=1))]
+def metric_kinds(results, points):
+    """The metrics over the written replicas of `points`, in three lists: NaN everywhere
+    (names), one value everywhere ((name, value) pairs), and the rest, worth showing."""
+    all_nan, constant, shown = [], [], []
+    for name in results.metrics:
+        v = np.concatenate([_replica_values(results, name, p) for p in points]) if points else np.array([])
+        if not len(v) or np.isnan(v).all():
+            all_nan.append(name)
+        elif np.isfinite(v).all() and (v == v[0]).all():
+            constant.append((name, v[0]))
+        else:
+            shown.append(name)
+    return all_nan, constant, shown
 
 
 def _drawable_metrics(results, points, exclude=()):
     """Metrics worth a figure: not NaN everywhere, not one value everywhere."""
-    names = []
-    for name, values in results.metrics.items():
-        if name in exclude:
-            continue
-        v = np.concatenate([_replica_values(results, name, p) for p in points]) if points else np.array([])
-        if not len(v) or np.isnan(v).all():
-            continue
-        if np.isfinite(v).all() and (v == v[0]).all():
-            continue
-        names.append(name)
-    return names
+    return [name for name in metric_kinds(results, points)[2] if name not in exclude]
 
 
 # ---------------------------------------------------------------------------------------
@@ -759,7 +760,7 @@ def trace_figure(results, trace, points=None, roles=None, references=None, title
     reference lines and returns legend entries. smooth: a noisy trace (a batch loss) is
     drawn as its running mean over 1/50 of its length (said in the title); drawstyle
     "steps-post" for a value that holds until the next sample (a loss scale)."""
-    points = [p for p in (_drawable_points(results) if points is None else points)
+    points = [p for p in (results.written_points() if points is None else points)
               if len(_trace_rows(results, trace, p)[0])]
     if not points:
         return None
@@ -874,7 +875,7 @@ def _ref_handle(color, ls):
 
 def _swamping(results):
     out = []
-    points = _drawable_points(results)
+    points = results.written_points()
     exact = {p: float(np.nanmean(_replica_values(results, "exact", p))) for p in points}
 
     def exact_running(ax, panel):
@@ -961,7 +962,7 @@ def _bound_lines(ax, n_values, u, label_suffix=""):
 
 
 def _summation(results):
-    points = _drawable_points(results)
+    points = results.written_points()
     out = []
 
     def bounds(ax, metric, panel):
@@ -1003,7 +1004,7 @@ def _summation(results):
 
 
 def _matmul_accum(results):
-    points = _drawable_points(results)
+    points = results.written_points()
     roles = {"x": "K"}
 
     def bounds(ax, metric, panel):
@@ -1045,7 +1046,7 @@ def _matmul_accum(results):
 
 
 def _updates(results):
-    points = _drawable_points(results)
+    points = results.written_points()
     out = []
     if "error" in results.traces:
         fig = trace_figure(results, "error", points, roles={"hue": "update"}, y_label="mean |w - w_fp64|",
@@ -1086,7 +1087,7 @@ def _fits_metric_columns(results, points, roles):
 
 
 def _grad_underflow(results):
-    points = _drawable_points(results)
+    points = results.written_points()
     out = []
     covered = set()
     wanted = [m for m in ("frac_underflow", "frac_overflow", "frac_subnormal") if m in results.metrics]
@@ -1219,7 +1220,7 @@ TRAIN_GROUPS = (
 
 
 def _train(results):
-    points = _drawable_points(results)
+    points = results.written_points()
     out = []
     roles = {"hue": "update"} if "update" in results.varying() else None
     if "loss" in results.traces:
@@ -1452,7 +1453,7 @@ def _step_gap(steps):
 # norm_stats, block_quant, overflow_hunt
 
 def _norm_stats(results):
-    points = _drawable_points(results)
+    points = results.written_points()
     roles = {"x": "mean", "hue": "algorithm", "style": "length", "cols": "spread",
              "rows": ("accumulation", "overflow")}
 
@@ -1467,7 +1468,7 @@ def _norm_stats(results):
 
 
 def _block_quant(results):
-    points = _drawable_points(results)
+    points = results.written_points()
     pts = results.points
     rne = [p for p in points if pts["rounding"][p] == "rne"]
     other = [p for p in points if pts["rounding"][p] != "rne"]
@@ -1529,7 +1530,7 @@ def _config_labels(results, points):
 
 
 def _overflow_hunt(results):
-    points = _drawable_points(results)
+    points = results.written_points()
     labels = _config_labels(results, points)
     out = []
     flags = [f for f in ("oflo", "inv", "div0")
@@ -1646,7 +1647,7 @@ def _max_abs_heatmap(results, points, labels):
 
 
 def _generic(results):
-    points = _drawable_points(results)
+    points = results.written_points()
     out = []
     for trace in results.traces:
         if any(len(_trace_rows(results, trace, p)[0]) > 1 for p in points):

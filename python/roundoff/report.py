@@ -106,16 +106,8 @@ def _point_columns(results, points):
 def _summary_tables(results, points):
     """Tables of the metrics per point, METRICS_PER_TABLE metrics each, and the metrics that
     are NaN everywhere or one value everywhere, named apart."""
-    values = {m: {p: _plot._replica_values(results, m, p) for p in points} for m in results.metrics}
-    all_nan, constant, shown = [], [], []
-    for m in results.metrics:
-        v = np.concatenate(list(values[m].values())) if points else np.array([])
-        if not len(v) or np.isnan(v).all():
-            all_nan.append(m)
-        elif np.isfinite(v).all() and (v == v[0]).all():
-            constant.append((m, v[0]))
-        else:
-            shown.append(m)
+    all_nan, constant, shown = _plot.metric_kinds(results, points)
+    values = {m: {p: _plot._replica_values(results, m, p) for p in points} for m in shown}
     head, rows = _point_columns(results, points)
     out = []
     for start in range(0, len(shown), METRICS_PER_TABLE):
@@ -202,7 +194,7 @@ def _provenance(results, points):
 def html_page(source):
     """The report of a sweep output (a path or a Results) as one HTML string."""
     results = _results._results(source)
-    points = _plot._drawable_points(results)
+    points = results.written_points()
     if not points:
         raise ValueError("%s: no finished points to report" % results.path)
     figures = _plot.figures(results)

@@ -59,9 +59,13 @@ class Results:
     def replicas(self):
         return self.done_replicas.shape[1]
 
+    def written_points(self):
+        """The points with at least one written run, in file order (ints)."""
+        return [int(p) for p in np.flatnonzero(self.done_replicas.any(axis=1))]
+
     def varying(self):
         """The parameters that take more than one value over the written points, in file order."""
-        written = self.done_replicas.any(axis=1)
+        written = self.written_points()
         return [name for name, values in self.points.items() if len(set(values[written].tolist())) > 1]
 
     def __repr__(self):
@@ -180,8 +184,7 @@ def dataset(source):
     import xarray  # lazily: only this function needs it
 
     result = _results(source)
-    written = result.done_replicas.any(axis=1)
-    points = np.flatnonzero(written)
+    points = result.written_points()
     dims = [name for name in result.varying() if name not in ("replica",)]
     levels = [list(dict.fromkeys(result.points[name][points].tolist())) for name in dims]
     cell = {}
