@@ -256,7 +256,8 @@ def emulate(model, unit, *, in_format=None, out_format=None, act_format="fp32", 
 
     unit, in_format, out_format, rounding, sr_bits, overflow, tininess: as roundoff.matmul
     (in_format a block format for b200); esr: $FP_CTL.ESR (the IPU's stochastic rounding
-    of its partials). act_format/act_rounding: each emulated module's output rounded
+    of its fp16 roundings: ipu-amp-half's partials; ipu-amp's fp32 partials round to
+    nearest, as the hardware's do). act_format/act_rounding: each emulated module's output rounded
     into it; grad_format/grad_rounding: the gradient each passes back; sr_bits,
     overflow and tininess apply to those roundings too. seed: see roundoff.torch.
     fp_exceptions: "off", "count" (exception_table) or "trap" (FloatingPointTrap).
