@@ -12,6 +12,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -83,22 +84,28 @@ class MatrixView {
 
  private:
   // move(matrix element, array element) for every element, the matrix row-major (or
-  // column-major where transposed) in `matrix`.
+  // column-major where transposed) in `matrix`; in tiles of 32 x 32, so that a
+  // transposed view (a weight's W^T) is read a cache line at a time.
   template <class T, class Move>
   void visit(T* base, bool transpose, Move move, double* matrix) const {
+    constexpr py::ssize_t tile = 32;
     const std::size_t r = rows(), c = cols();
     for (py::ssize_t b = 0; b < batches_; ++b)
-      for (py::ssize_t p = 0; p < p_; ++p) {
-        T* source = base + b * sb_ + p * sp_;
-        const std::size_t row = static_cast<std::size_t>(by_columns_ ? p : b * p_ + p);
-        const std::size_t col0 = static_cast<std::size_t>(by_columns_ ? b * q_ : 0);
-        if (!transpose) {
-          double* dest = matrix + row * c + col0;
-          for (py::ssize_t q = 0; q < q_; ++q) move(dest[q], source[q * sq_]);
-        } else {
-          for (py::ssize_t q = 0; q < q_; ++q) move(matrix[(col0 + static_cast<std::size_t>(q)) * r + row], source[q * sq_]);
-        }
-      }
+      for (py::ssize_t p0 = 0; p0 < p_; p0 += tile)
+        for (py::ssize_t q0 = 0; q0 < q_; q0 += tile)
+          for (py::ssize_t p = p0; p < std::min(p0 + tile, p_); ++p) {
+            T* source = base + b * sb_ + p * sp_;
+            const std::size_t row = static_cast<std::size_t>(by_columns_ ? p : b * p_ + p);
+            const std::size_t col0 = static_cast<std::size_t>(by_columns_ ? b * q_ : 0);
+            const py::ssize_t q1 = std::min(q0 + tile, q_);
+            if (!transpose) {
+              double* dest = matrix + row * c + col0;
+              for (py::ssize_t q = q0; q < q1; ++q) move(dest[q], source[q * sq_]);
+            } else {
+              for (py::ssize_t q = q0; q < q1; ++q)
+                move(matrix[(col0 + static_cast<std::size_t>(q)) * r + row], source[q * sq_]);
+            }
+          }
   }
 
   py::array array_;
@@ -108,6 +115,16 @@ class MatrixView {
   bool single_ = false;
   py::ssize_t batches_ = 1, p_ = 0, q_ = 0, sb_ = 0, sp_ = 0, sq_ = 0;
 };
+
+// Scratch buffers of this thread, reused from call to call: a fresh buffer of a layer's
+// size costs page faults and zeroing comparable to a small GEMM.
+struct Scratch {
+  std::vector<double> a, b, c;
+};
+Scratch& scratch() {
+  thread_local Scratch buffers;
+  return buffers;
+}
 
 // One counted (op, flag) of a call, for roundoff.torch's exception table.
 py::list counts_of(const emu::Context& ctx) {
@@ -191,7 +208,8 @@ class TorchUnit {
       if (bias_values.size() != (bias_axis == 1 ? n : m)) throw std::invalid_argument(scope + ": bias of the wrong length");
     }
     emu::Context ctx(control_, emu::Rng(emu::StreamId{seed}));
-    std::vector<double> c(m * n, 0.0);
+    std::vector<double>& c = scratch().c;
+    c.assign(m * n, 0.0);
     emu::Flags input_flags = 0;
     {
       py::gil_scoped_release release;
@@ -226,22 +244,23 @@ class TorchUnit {
     return r;
   }
 
-  // A view's matrix in the unit's input format (values of it pass as they are).
-  std::vector<double> unit_input(emu::Context& ctx, const MatrixView& v, emu::Flags& input_flags) const {
-    std::vector<double> values(v.rows() * v.cols());
+  // A view's matrix in the unit's input format (values of it pass as they are), into values.
+  void unit_input(emu::Context& ctx, const MatrixView& v, std::vector<double>& values, emu::Flags& input_flags) const {
+    values.resize(v.rows() * v.cols());
     v.read(values.data(), false);
     const emu::Format& f = unit_->input_format();
     for (std::size_t e = emu::NearestOps::first_not_value(f, values.data(), 0, values.size()); e < values.size(); ++e) {
       emu::ElementGuard element(ctx, static_cast<std::int64_t>(e));
       values[e] = convert(ctx, f, values[e], input_flags);
     }
-    return values;
   }
 
   void unit_gemm(emu::Context& ctx, const MatrixView& A, const MatrixView& B, std::vector<double>& c,
                  emu::Flags& input_flags) const {
     const std::size_t m = A.rows(), k = A.cols(), n = B.cols();
-    const std::vector<double> a = unit_input(ctx, A, input_flags), b = unit_input(ctx, B, input_flags);
+    std::vector<double>&a = scratch().a, &b = scratch().b;
+    unit_input(ctx, A, a, input_flags);
+    unit_input(ctx, B, b, input_flags);
     unit_->gemm(ctx, m, n, k, a.data(), k, b.data(), n, c.data(), n);
   }
 
@@ -251,7 +270,9 @@ class TorchUnit {
   void block_gemm(emu::Context& ctx, const MatrixView& A, const MatrixView& B, std::vector<double>& c,
                   emu::Flags& input_flags) const {
     const std::size_t m = A.rows(), k = A.cols(), n = B.cols();
-    std::vector<double> a(m * k), bt(n * k);
+    std::vector<double>&a = scratch().a, &bt = scratch().b;
+    a.resize(m * k);
+    bt.resize(n * k);
     A.read(a.data(), false);
     B.read(bt.data(), true);
     auto quantize_along_k = [&](const std::vector<double>& values, std::size_t count) {
