@@ -12,10 +12,16 @@ Run: meson test -C build --benchmark --verbose torch   (or with PYTHONPATH=build
 `--units h100,ipu-amp` picks the ResNet's units, `--steps N` its repeats)
 """
 import argparse
+import sys
 import time
 
 import numpy as np
-import torch
+
+try:
+    import torch
+except ImportError:
+    print("skipped: roundoff.torch needs python3-torch (scripts/setup --torch)")
+    sys.exit(0)
 from torch import nn
 from torch.nn import functional as F
 
