@@ -1,4 +1,4 @@
-// roundoff._core.torch: the C++ half of roundoff.torch (python/roundoff/torch/). One GEMM
+// roundoff._core's TorchUnit, MatrixView and torch_round: the C++ half of roundoff.torch (python/roundoff/torch/). One GEMM
 // of an emulated layer per call, on the tensors' own memory (numpy views of torch
 // tensors, float32 or float64, any strides): the operands are read once into the
 // unit's double buffers, rounded into its input format as roundoff.matmul rounds them
@@ -371,9 +371,10 @@ py::tuple round_tensor(const py::array& x, py::array& out, const std::string& fo
 }  // namespace
 
 void bind_torch(py::module_& m) {
-  py::module_ t = m.def_submodule("torch", "roundoff.torch's C++ half (use roundoff.torch)");
+  // In _core itself (a submodule would be one more module in sys.modules at `import roundoff`).
+  py::module_& t = m;
   py::class_<MatrixView>(t, "MatrixView").def(py::init<const py::array&, bool, const char*>());
-  py::class_<TorchUnit>(t, "Unit")
+  py::class_<TorchUnit>(t, "TorchUnit")
       .def(py::init<std::string, std::optional<std::string>, std::optional<std::string>, std::string, std::uint64_t,
                     std::string, std::string, bool, std::string>(),
            py::arg("unit"), py::arg("in_format"), py::arg("out_format"), py::arg("rounding"), py::arg("sr_bits"),
@@ -384,7 +385,7 @@ void bind_torch(py::module_& m) {
       .def_property_readonly("traps", &TorchUnit::traps)
       .def("gemm", &TorchUnit::gemm, py::arg("A"), py::arg("B"), py::arg("bias"), py::arg("bias_axis"), py::arg("out"),
            py::arg("seed"), py::arg("scope"), py::arg("op"));
-  t.def("round", &round_tensor, py::arg("x"), py::arg("out"), py::arg("format"), py::arg("rounding"), py::arg("seed"),
+  t.def("torch_round", &round_tensor, py::arg("x"), py::arg("out"), py::arg("format"), py::arg("rounding"), py::arg("seed"),
         py::arg("sr_bits"), py::arg("overflow"), py::arg("tininess"), py::arg("subnormals"), py::arg("counted"),
         py::arg("traps"), py::arg("scope"));
 }

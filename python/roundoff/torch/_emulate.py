@@ -60,7 +60,7 @@ class _Emulation:
         if not isinstance(esr, bool):
             raise TypeError(f"emulate: esr must be a bool, not {type(esr).__name__}")
         try:
-            self.unit = _core.torch.Unit(unit, in_format, out_format, _text(rounding, "rounding"), sr_bits,
+            self.unit = _core.TorchUnit(unit, in_format, out_format, _text(rounding, "rounding"), sr_bits,
                                          _text(overflow, "overflow"), _text(tininess, "tininess"), esr, fp_exceptions)
         except ValueError as error:
             raise ValueError(f"emulate: unit={unit!r} (in_format={in_format!r}, out_format={out_format!r}, "
@@ -87,7 +87,7 @@ class _Emulation:
         if format == "fp32" and t.dtype == torch.float32:
             return t
         values = t.detach().numpy()
-        _, counts = _core.torch.round(values, values, format, rounding, layer_seed(self.seed, scope, op, call),
+        _, counts = _core.torch_round(values, values, format, rounding, layer_seed(self.seed, scope, op, call),
                                       self.sr_bits, self.overflow, self.tininess, True, self.unit.counted,
                                       self.unit.traps, scope)
         self.record(scope, op, counts)
@@ -95,7 +95,7 @@ class _Emulation:
 
 
 def _view(t, stacked_by_columns, name):
-    return _core.torch.MatrixView(t.detach().numpy(), stacked_by_columns, name)
+    return _core.MatrixView(t.detach().numpy(), stacked_by_columns, name)
 
 
 class _Layer:
@@ -111,7 +111,7 @@ class _Layer:
     def gemm(self, op, call, A, B, out, *, a_columns=False, b_columns=False, out_columns=False, bias=None,
              bias_axis=1):
         """out = A B (+ bias) through the unit; rank-3 operands stack matrices by rows, or by
-        columns where *_columns says so (_core.torch.MatrixView)."""
+        columns where *_columns says so (_core.MatrixView)."""
         e = self.emulation
         bias = None if bias is None else bias.detach().numpy()
         _, counts = e.unit.gemm(_view(A, a_columns, "A"), _view(B, b_columns, "B"), bias, bias_axis,
