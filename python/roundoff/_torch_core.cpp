@@ -1,7 +1,7 @@
-// roundoff._core's TorchUnit, MatrixView and torch_round: the C++ half of roundoff.torch (python/roundoff/torch/). One GEMM
-// of an emulated layer per call, on the tensors' own memory (numpy views of torch
-// tensors, float32 or float64, any strides): the operands are read once into the
-// unit's double buffers, rounded into its input format as roundoff.matmul rounds them
+// roundoff._core's TorchUnit, MatrixView and torch_round: the C++ half of roundoff.torch
+// (python/roundoff/torch/). One GEMM of an emulated layer per call, on the tensors' own
+// memory (numpy views of torch tensors, float32 or float64, any strides): the operands
+// are read once into the unit's double buffers, rounded into its input format as roundoff.matmul rounds them
 // (rne; b200 with a block format: rows of A and columns of B quantised along k), the
 // unit's gemm runs once on the whole product (so a multi-threaded gemm speeds every
 // layer up unchanged), and the result goes straight into the output tensor. Counted
@@ -130,10 +130,10 @@ Scratch& scratch() {
 py::list counts_of(const emu::Context& ctx) {
   py::list out;
   for (const emu::OpCount& c : ctx.counts()) {
-    py::tuple element = c.first_element.rank > 0
-                            ? py::tuple(py::cast(std::vector<std::int64_t>(c.first_element.index.begin(),
-                                                                           c.first_element.index.begin() + c.first_element.rank)))
-                            : py::make_tuple(c.first_element.flat);
+    const emu::Element& first = c.first_element;
+    py::tuple element = first.rank > 0 ? py::tuple(py::cast(std::vector<std::int64_t>(
+                                             first.index.begin(), first.index.begin() + first.rank)))
+                                       : py::make_tuple(first.flat);
     out.append(py::make_tuple(c.op, emu::flag_name(c.flag), c.count, element, py::tuple(py::cast(c.first_operands)),
                               c.first_result));
   }

@@ -95,7 +95,8 @@ def test_linear_gemms_equal_roundoff_matmul(unit, in_format):
     seed = lambda op: rt.layer_seed(9, "", op, 0)  # noqa: E731
     x2, g2, w = x.detach().reshape(6, 40).numpy(), grad.reshape(6, 6).numpy(), layer.weight.detach().numpy()
     C = np.broadcast_to(layer.bias.detach().numpy(), (6, 6))
-    np.testing.assert_array_equal(y.detach().reshape(6, 6).numpy(), _matmul(x2, w.T, C, seed=seed("forward"), **options))
+    np.testing.assert_array_equal(y.detach().reshape(6, 6).numpy(),
+                                  _matmul(x2, w.T, C, seed=seed("forward"), **options))
     np.testing.assert_array_equal(x.grad.reshape(6, 40).numpy(), _matmul(g2, w, seed=seed("backward.input"), **options))
     np.testing.assert_array_equal(layer.weight.grad.numpy(), _matmul(g2.T, x2, seed=seed("backward.weight"), **options))
     assert torch.equal(layer.bias.grad, grad.reshape(6, 6).sum(0))  # float32, as torch sums it
@@ -133,8 +134,8 @@ def test_conv2d_equals_its_im2col_gemm(unit, in_format, geometry):
         suffix = f".g{g}" if g else ""
         options = dict(unit=unit, in_format=in_format, rounding=rounding)
         bias = np.broadcast_to(conv.bias.detach().numpy()[o, None], (og, n * positions))
-        np.testing.assert_array_equal(y_cols[o], _matmul(w2[o], B[kk], bias, seed=rt.layer_seed(5, "", "forward" + suffix, 0),
-                                                         **options))
+        np.testing.assert_array_equal(y_cols[o], _matmul(w2[o], B[kk], bias,
+                                                         seed=rt.layer_seed(5, "", "forward" + suffix, 0), **options))
         np.testing.assert_array_equal(conv.weight.grad.reshape(out_channels, -1).numpy()[o],
                                       _matmul(G[o], B[kk].T, seed=rt.layer_seed(5, "", "backward.weight" + suffix, 0),
                                               **options))
