@@ -423,6 +423,8 @@ std::vector<std::string> names(const char* const* list) {
 
 }  // namespace
 
+void bind_torch(py::module_& m);  // roundoff.torch's C++ half: _torch_core.cpp
+
 PYBIND11_MODULE(_core, m) {
   m.doc() = "roundoff's C++ core (use the roundoff package, not this module)";
   m.attr("sweep_path") = ROUNDOFF_SWEEP;
@@ -472,6 +474,7 @@ PYBIND11_MODULE(_core, m) {
   });
   m.def("time_round_kernel", &time_round_kernel);
   m.def("time_unit_gemm", &time_unit_gemm);
+  bind_torch(m);
 
   py::class_<ContextObject>(m, "Context")
       .def(py::init(&make_context))

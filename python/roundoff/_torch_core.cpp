@@ -1,0 +1,391 @@
+// roundoff._core's TorchUnit, MatrixView and torch_round: the C++ half of roundoff.torch
+// (python/roundoff/torch/). One GEMM of an emulated layer per call, on the tensors' own
+// memory (numpy views of torch tensors, float32 or float64, any strides): the operands
+// are read once into the unit's double buffers, rounded into its input format as roundoff.matmul rounds them
+// (rne; b200 with a block format: rows of A and columns of B quantised along k), the
+// unit's gemm runs once on the whole product (so a multi-threaded gemm speeds every
+// layer up unchanged), and the result goes straight into the output tensor. Counted
+// flags come back per (unit operation, flag) with the first element; an enabled trap
+// raises roundoff.FloatingPointTrap (_core.cpp's translator) with the module's scope
+// and the GEMM's role as the operation.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "emu/arith.hpp"
+#include "emu/block.hpp"
+#include "emu/block_mma.hpp"
+#include "emu/convert.hpp"
+#include "emu/format.hpp"
+#include "emu/nearest.hpp"
+#include "emu/round.hpp"
+#include "emu/unit.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+// A matrix inside a numpy array X of rank 2 (P x Q) or 3 (B x P x Q), float32 or float64,
+// any strides. Rank 3 stacks B matrices: by rows ((b P + p, q): a batch of inputs to a
+// Linear, or the im2col columns of every image as the B operand of a weight gradient) or
+// by columns ((p, b Q + q): the im2col columns of every image side by side, as the B
+// operand of a convolution, and its N x O x L output).
+class MatrixView {
+ public:
+  // Holds x (the data pointers are taken here, with the GIL: read and write run without).
+  MatrixView(const py::array& x, bool stacked_by_columns, const char* name)
+      : array_(x), data_(x.data()), by_columns_(stacked_by_columns) {
+    if (x.ndim() != 2 && x.ndim() != 3)
+      throw std::invalid_argument(std::string(name) + ": a matrix of rank 2 or 3 expected");
+    if (py::isinstance<py::array_t<float>>(x))
+      single_ = true;
+    else if (!py::isinstance<py::array_t<double>>(x))
+      throw std::invalid_argument(std::string(name) + ": float32 or float64 expected");
+    const bool batched = x.ndim() == 3;
+    const py::ssize_t size = single_ ? 4 : 8;
+    batches_ = batched ? x.shape(0) : 1;
+    p_ = x.shape(batched ? 1 : 0);
+    q_ = x.shape(batched ? 2 : 1);
+    sb_ = batched ? x.strides(0) / size : 0;
+    sp_ = x.strides(batched ? 1 : 0) / size;
+    sq_ = x.strides(batched ? 2 : 1) / size;
+    if (x.writeable()) writeable_data_ = const_cast<py::array&>(x).mutable_data();
+  }
+  std::size_t rows() const { return static_cast<std::size_t>(by_columns_ ? p_ : batches_ * p_); }
+  std::size_t cols() const { return static_cast<std::size_t>(by_columns_ ? batches_ * q_ : q_); }
+
+  // The matrix (transposed where asked) into `out`, row-major.
+  void read(double* out, bool transpose) const {
+    if (single_)
+      visit<const float>(static_cast<const float*>(data_), transpose, [](double& d, const float& s) { d = s; }, out);
+    else
+      visit<const double>(static_cast<const double*>(data_), transpose, [](double& d, const double& s) { d = s; }, out);
+  }
+  // `in` (row-major, rows() x cols()) into the array.
+  void write(const double* in) const {
+    if (writeable_data_ == nullptr) throw std::invalid_argument("out: a writeable array expected");
+    if (single_)
+      visit<float>(static_cast<float*>(writeable_data_), false, [](double& d, float& s) { s = static_cast<float>(d); },
+                   const_cast<double*>(in));
+    else
+      visit<double>(static_cast<double*>(writeable_data_), false, [](double& d, double& s) { s = d; },
+                    const_cast<double*>(in));
+  }
+
+ private:
+  // move(matrix element, array element) for every element, the matrix row-major (or
+  // column-major where transposed) in `matrix`; in tiles of 32 x 32, so that a
+  // transposed view (a weight's W^T) is read a cache line at a time.
+  template <class T, class Move>
+  void visit(T* base, bool transpose, Move move, double* matrix) const {
+    constexpr py::ssize_t tile = 32;
+    const std::size_t r = rows(), c = cols();
+    for (py::ssize_t b = 0; b < batches_; ++b)
+      for (py::ssize_t p0 = 0; p0 < p_; p0 += tile)
+        for (py::ssize_t q0 = 0; q0 < q_; q0 += tile)
+          for (py::ssize_t p = p0; p < std::min(p0 + tile, p_); ++p) {
+            T* source = base + b * sb_ + p * sp_;
+            const std::size_t row = static_cast<std::size_t>(by_columns_ ? p : b * p_ + p);
+            const std::size_t col0 = static_cast<std::size_t>(by_columns_ ? b * q_ : 0);
+            const py::ssize_t q1 = std::min(q0 + tile, q_);
+            if (!transpose) {
+              double* dest = matrix + row * c + col0;
+              for (py::ssize_t q = q0; q < q1; ++q) move(dest[q], source[q * sq_]);
+            } else {
+              for (py::ssize_t q = q0; q < q1; ++q)
+                move(matrix[(col0 + static_cast<std::size_t>(q)) * r + row], source[q * sq_]);
+            }
+          }
+  }
+
+  py::array array_;
+  const void* data_;
+  void* writeable_data_ = nullptr;
+  bool by_columns_;
+  bool single_ = false;
+  py::ssize_t batches_ = 1, p_ = 0, q_ = 0, sb_ = 0, sp_ = 0, sq_ = 0;
+};
+
+// Scratch buffers of this thread, reused from call to call: a fresh buffer of a layer's
+// size costs page faults and zeroing comparable to a small GEMM.
+struct Scratch {
+  std::vector<double> a, b, c;
+};
+Scratch& scratch() {
+  thread_local Scratch buffers;
+  return buffers;
+}
+
+// One counted (op, flag) of a call, for roundoff.torch's exception table.
+py::list counts_of(const emu::Context& ctx) {
+  py::list out;
+  for (const emu::OpCount& c : ctx.counts()) {
+    const emu::Element& first = c.first_element;
+    py::tuple element = first.rank > 0 ? py::tuple(py::cast(std::vector<std::int64_t>(
+                                             first.index.begin(), first.index.begin() + first.rank)))
+                                       : py::make_tuple(first.flat);
+    out.append(py::make_tuple(c.op, emu::flag_name(c.flag), c.count, element, py::tuple(py::cast(c.first_operands)),
+                              c.first_result));
+  }
+  return out;
+}
+
+// Runs work(ctx) under `scope` ("": the model itself); an enabled trap is rethrown with `op` (the GEMM's role,
+// or "round") as its operation and the unit's own in front of its operands' meaning.
+template <class Work>
+void in_scope(emu::Context& ctx, const std::string& scope, const std::string& op, Work work) {
+  std::optional<emu::Scope> named;
+  if (!scope.empty()) named.emplace(ctx, scope);
+  try {
+    work();
+  } catch (const emu::FpException& e) {
+    emu::TrapReport report = e.report();
+    report.op = op;
+    throw emu::FpException(report);
+  }
+}
+
+// An emulated layer's matrix unit and FP control: a unit of emu/unit.hpp, or b200's
+// block-scaled MMA with the block format its operands are quantised into.
+class TorchUnit {
+ public:
+  TorchUnit(const std::string& unit, const std::optional<std::string>& in, const std::optional<std::string>& out,
+            const std::string& rounding, std::uint64_t sr_bits, const std::string& overflow, const std::string& tininess,
+            bool esr, const std::string& fp_exceptions) {
+    const emu::UnitKind kind = emu::unit_kind_by_name(unit);
+    control_.rounding = emu::rounding_by_name(rounding);
+    control_.overflow = emu::overflow_by_name(overflow);
+    control_.tininess = emu::tininess_by_name(tininess);
+    if (sr_bits > 64) throw std::invalid_argument("sr_bits: 0 to 64 expected");
+    control_.sr_bits = static_cast<int>(sr_bits);
+    control_.esr = esr;
+    const emu::Flags watched = emu::OFLO | emu::DIV0 | emu::INV;
+    switch (emu::exception_mode_by_name(fp_exceptions)) {
+      case emu::ExceptionMode::off: break;
+      case emu::ExceptionMode::count: control_.counted = watched; break;
+      case emu::ExceptionMode::trap: control_.traps = watched; break;
+    }
+    if (in && emu::is_block_format_name(*in)) {
+      if (out && emu::format_by_name(*out) != emu::fp32())
+        throw std::invalid_argument("out_format " + *out + ": b200's block-scaled MMA gives fp32 output only");
+      block_format_ = &emu::block_format_by_name(*in);
+      block_unit_ = emu::make_block_mma_unit(kind, *block_format_, *block_format_);
+      block_spec_ = emu::default_block_spec(*block_format_);
+      return;
+    }
+    unit_ = emu::make_unit(kind, in ? std::optional(emu::format_by_name(*in)) : std::nullopt,
+                           out ? std::optional(emu::format_by_name(*out)) : std::nullopt);
+  }
+
+  std::string output_format() const { return block_unit_ ? "fp32" : unit_->output_format().name(); }
+  std::string input_format() const { return block_unit_ ? block_format_->name() : unit_->input_format().name(); }
+  int counted() const { return control_.counted; }
+  int traps() const { return control_.traps; }
+
+  // out = A B + C with C[i, j] = bias[j] (bias_axis 1) or bias[i] (0), zero without bias;
+  // as roundoff.matmul(A, B, C, unit=..., seed=seed). Returns (flags, counts).
+  py::tuple gemm(const MatrixView& A, const MatrixView& B, const std::optional<py::array>& bias, int bias_axis,
+                 const MatrixView& out, std::uint64_t seed, const std::string& scope, const std::string& op) const {
+    const std::size_t m = A.rows(), k = A.cols(), n = B.cols();
+    if (B.rows() != k || out.rows() != m || out.cols() != n)
+      throw std::invalid_argument(scope + " " + op + ": shapes do not agree (" + std::to_string(m) + "x" +
+                                  std::to_string(k) + " times " + std::to_string(B.rows()) + "x" + std::to_string(n) +
+                                  " into " + std::to_string(out.rows()) + "x" + std::to_string(out.cols()) + ")");
+    std::vector<double> bias_values;
+    if (bias) {
+      const auto b = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(*bias);
+      bias_values.assign(b.data(), b.data() + b.size());
+      if (bias_values.size() != (bias_axis == 1 ? n : m)) throw std::invalid_argument(scope + ": bias of the wrong length");
+    }
+    emu::Context ctx(control_, emu::Rng(emu::StreamId{seed}));
+    std::vector<double>& c = scratch().c;
+    c.assign(m * n, 0.0);
+    emu::Flags input_flags = 0;
+    {
+      py::gil_scoped_release release;
+      in_scope(ctx, scope, op, [&] {
+        const emu::Format& c_format = block_unit_ ? emu::fp32() : unit_->output_format();
+        if (!bias_values.empty())
+          for (std::size_t i = 0; i < m; ++i)
+            for (std::size_t j = 0; j < n; ++j)
+              c[i * n + j] = convert(ctx, c_format, bias_values[bias_axis == 1 ? j : i], input_flags);
+        if (block_unit_)
+          block_gemm(ctx, A, B, c, input_flags);
+        else
+          unit_gemm(ctx, A, B, c, input_flags);
+      });
+      out.write(c.data());
+    }
+    return py::make_tuple(static_cast<int>(ctx.status() | input_flags), counts_of(ctx));
+  }
+
+ private:
+  // x rounded into f with rne as roundoff.matmul's inputs are (emu::cli::convert_input:
+  // overflow to inf, the context's tininess); a watched flag is raised into ctx (counted
+  // or trapped as "convert"), the others only into input_flags.
+  double convert(emu::Context& ctx, const emu::Format& f, double x, emu::Flags& input_flags) const {
+    if (std::isfinite(x) && f.representable(x)) return x;
+    emu::RoundSpec spec;
+    spec.tininess = control_.tininess;
+    emu::Flags flags = 0;
+    const double r = emu::round(f, emu::Exact{x}, spec, nullptr, flags);
+    input_flags |= flags;
+    if (flags & (control_.counted | control_.traps)) ctx.raise_flags(flags, "convert", {x}, r);
+    return r;
+  }
+
+  // A view's matrix in the unit's input format (values of it pass as they are), into values.
+  void unit_input(emu::Context& ctx, const MatrixView& v, std::vector<double>& values, emu::Flags& input_flags) const {
+    values.resize(v.rows() * v.cols());
+    v.read(values.data(), false);
+    const emu::Format& f = unit_->input_format();
+    for (std::size_t e = emu::NearestOps::first_not_value(f, values.data(), 0, values.size()); e < values.size(); ++e) {
+      emu::ElementGuard element(ctx, static_cast<std::int64_t>(e));
+      values[e] = convert(ctx, f, values[e], input_flags);
+    }
+  }
+
+  void unit_gemm(emu::Context& ctx, const MatrixView& A, const MatrixView& B, std::vector<double>& c,
+                 emu::Flags& input_flags) const {
+    const std::size_t m = A.rows(), k = A.cols(), n = B.cols();
+    std::vector<double>&a = scratch().a, &b = scratch().b;
+    unit_input(ctx, A, a, input_flags);
+    unit_input(ctx, B, b, input_flags);
+    unit_->gemm(ctx, m, n, k, a.data(), k, b.data(), n, c.data(), n);
+  }
+
+  // As emu gemm --unit b200 --in FORMAT (emu::cli::block_gemm): A's rows and B's
+  // columns quantised along k (nvfp4: one tensor scale for each matrix), the MMA per
+  // element with nvfp4's epilogue.
+  void block_gemm(emu::Context& ctx, const MatrixView& A, const MatrixView& B, std::vector<double>& c,
+                  emu::Flags& input_flags) const {
+    const std::size_t m = A.rows(), k = A.cols(), n = B.cols();
+    std::vector<double>&a = scratch().a, &bt = scratch().b;
+    a.resize(m * k);
+    bt.resize(n * k);
+    A.read(a.data(), false);
+    B.read(bt.data(), true);
+    auto quantize_along_k = [&](const std::vector<double>& values, std::size_t count) {
+      emu::BlockSpec spec = block_spec_;
+      if (block_format_->has_tensor_scale()) spec.tensor_scale = emu::default_tensor_scale(*block_format_, values);
+      std::vector<emu::BlockQuantized> q;
+      for (std::size_t i = 0; i < count; ++i) {
+        q.push_back(emu::quantize(*block_format_, std::span<const double>(values).subspan(i * k, k), spec, nullptr));
+        if (q.back().flags & (control_.counted | control_.traps)) {
+          emu::ElementGuard element(ctx, static_cast<std::int64_t>(i));
+          ctx.raise_flags(q.back().flags, "quantize", {});
+        }
+        input_flags |= q.back().flags;
+      }
+      return q;
+    };
+    const std::vector<emu::BlockQuantized> rows = quantize_along_k(a, m), cols = quantize_along_k(bt, n);
+    const emu::TensorScaleEpilogue epilogue = block_unit_->tensor_scale_epilogue(rows.front().tensor_scale,
+                                                                                 cols.front().tensor_scale);
+    input_flags |= epilogue.alpha_flags;
+    block_unit_->gemm(ctx, rows, cols, c.data(), n, epilogue);
+  }
+
+  emu::FpControl control_;
+  std::unique_ptr<emu::MatrixUnit> unit_;
+  const emu::BlockFormat* block_format_ = nullptr;
+  std::unique_ptr<emu::BlockMmaUnit> block_unit_;
+  emu::BlockSpec block_spec_;
+};
+
+// x (C-contiguous float32 or float64) rounded into `format` element by element into out
+// (x's shape and dtype; may be x), as roundoff.round(x, format, rounding, seed=seed)
+// rounds it: a float32 x into fp16/bf16 (rne, sr) through emu's kernels (element i's
+// random bits a function of (seed, i)), else emu::round in C order on one stream. Flags
+// that `counted` or `traps` name are raised per element (op "round", scope) in a
+// context with that control. Returns (flags, counts).
+py::tuple round_tensor(const py::array& x, py::array& out, const std::string& format, const std::string& rounding,
+                       std::uint64_t seed, int sr_bits, const std::string& overflow, const std::string& tininess,
+                       bool subnormals, int counted, int traps, const std::string& scope) {
+  const emu::Format f = emu::format_by_name(format).with_subnormals(subnormals);
+  emu::FpControl control;
+  control.counted = static_cast<emu::Flags>(counted);
+  control.traps = static_cast<emu::Flags>(traps);
+  const emu::RoundSpec spec{emu::rounding_by_name(rounding), emu::overflow_by_name(overflow), sr_bits,
+                            emu::tininess_by_name(tininess)};
+  const bool single = py::isinstance<py::array_t<float>>(x);
+  if (!(x.flags() & py::array::c_style) || !(out.flags() & py::array::c_style) || x.size() != out.size() ||
+      x.dtype().not_equal(out.dtype()) || !out.writeable() || (!single && !py::isinstance<py::array_t<double>>(x)))
+    throw std::invalid_argument("round: C-contiguous float32 or float64 arrays of one shape and dtype expected");
+  const std::size_t n = static_cast<std::size_t>(x.size());
+  emu::Context ctx(control);
+  const emu::Flags watched = control.counted | control.traps;
+  emu::Flags flags = 0;
+  {
+    py::gil_scoped_release release;
+    in_scope(ctx, scope, "round", [&] {
+      auto report = [&](std::size_t i, emu::Flags raised, double operand, double result) {
+        if (!(raised & watched)) return;
+        emu::ElementGuard element(ctx, static_cast<std::int64_t>(i));
+        ctx.raise_flags(raised & watched, "round", {operand}, result);
+      };
+      if (single && emu::HalfRounding::supports(f, spec)) {
+        const emu::HalfRounding how(f, spec, emu::StreamId{seed});
+        const float* in = static_cast<const float*>(x.data());
+        float* o = static_cast<float*>(out.mutable_data());
+        if (!watched) {
+          flags = emu::round_to_float(how, {in, n}, {o, n});
+          return;
+        }
+        // Element by element (the same random bits: they depend on the index alone).
+        for (std::size_t i = 0; i < n; ++i) {
+          const float operand = in[i];
+          const emu::Flags raised = emu::round_to_float(how, {&operand, 1}, {o + i, 1}, i);
+          flags |= raised;
+          report(i, raised, operand, o[i]);
+        }
+        return;
+      }
+      emu::Rng rng(emu::StreamId{seed});
+      for (std::size_t i = 0; i < n; ++i) {
+        const double operand = single ? static_cast<const float*>(x.data())[i] : static_cast<const double*>(x.data())[i];
+        emu::Flags raised = 0;
+        const double r = emu::round(f, emu::Exact{operand}, spec, &rng, raised);
+        if (single)
+          static_cast<float*>(out.mutable_data())[i] = static_cast<float>(r);
+        else
+          static_cast<double*>(out.mutable_data())[i] = r;
+        flags |= raised;
+        report(i, raised, operand, r);
+      }
+    });
+  }
+  return py::make_tuple(static_cast<int>(flags), counts_of(ctx));
+}
+
+}  // namespace
+
+void bind_torch(py::module_& m) {
+  // In _core itself (a submodule would be one more module in sys.modules at `import roundoff`).
+  py::module_& t = m;
+  py::class_<MatrixView>(t, "MatrixView").def(py::init<const py::array&, bool, const char*>());
+  py::class_<TorchUnit>(t, "TorchUnit")
+      .def(py::init<std::string, std::optional<std::string>, std::optional<std::string>, std::string, std::uint64_t,
+                    std::string, std::string, bool, std::string>(),
+           py::arg("unit"), py::arg("in_format"), py::arg("out_format"), py::arg("rounding"), py::arg("sr_bits"),
+           py::arg("overflow"), py::arg("tininess"), py::arg("esr"), py::arg("fp_exceptions"))
+      .def_property_readonly("input_format", &TorchUnit::input_format)
+      .def_property_readonly("output_format", &TorchUnit::output_format)
+      .def_property_readonly("counted", &TorchUnit::counted)
+      .def_property_readonly("traps", &TorchUnit::traps)
+      .def("gemm", &TorchUnit::gemm, py::arg("A"), py::arg("B"), py::arg("bias"), py::arg("bias_axis"), py::arg("out"),
+           py::arg("seed"), py::arg("scope"), py::arg("op"));
+  t.def("torch_round", &round_tensor, py::arg("x"), py::arg("out"), py::arg("format"), py::arg("rounding"), py::arg("seed"),
+        py::arg("sr_bits"), py::arg("overflow"), py::arg("tininess"), py::arg("subnormals"), py::arg("counted"),
+        py::arg("traps"), py::arg("scope"));
+}
