@@ -184,8 +184,9 @@ _RULES_DOC = """
                    numbers them) at its step t (1, 2, ...: its applied steps) is
                    roundoff.round(w - delta, weight_format, "sr", seed=sr_seed(seed, i, t))
                    on the parameter's values flat in C order, w - delta a float64 array
-                   (the exact difference: always for fp16 weights; for bf16 rounded to odd
-                   into float64 when delta is below 2^-45 |w|).
+                   (the exact difference: always for fp16 weights; for bf16, where that is
+                   no float64 value, only possible when |delta| < 2^-44 |w|, rounded to odd
+                   into float64).
       fp32-master  an fp32 master copy (master_format) updated in its own arithmetic,
                    master = master - delta; the parameter is the master rounded to nearest
                    into weight_format after each step (Micikevicius et al., 2018).
@@ -366,7 +367,7 @@ class Adam(_LowPrecisionOptimizer):
     (arith_format: master_format, fp32, under fp32-master; weight_format otherwise): torch's
     default 1e-8 becomes 0 in fp16 (its smallest subnormal is 2^-24, about 6e-8), so a
     weight whose m and v are 0 gets 0 / 0 = NaN; use eps=1e-4 there
-    (configs/adam_eps.yaml). bf16 keeps 1e-8 (about 1.0012e-8).
+    (configs/adam_eps.yaml). bf16 keeps it (1.00117e-8).
     """ + _RULES_DOC
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *, update,
