@@ -51,6 +51,13 @@ included) per (scope, op, unit operation, flag) with the first element (the GEMM
 [row, column]; the tensor's flat index for round) and its operands; exception_table
 gives them. "trap" raises roundoff.FloatingPointTrap at the first one (scope: the
 module, op: the GEMM's role or round).
+
+Optimizers and loss scaling, with the train experiment's semantics and parameter names:
+SGD (momentum, weight_decay) and Adam keep the weights in weight_format and update them
+by one of the rules fp16-rn, fp16-sr, fp16-kahan, fp32-master (or fp32); LossScaler is a
+static or dynamic loss scale (ls_init, ls_backoff, ls_growth, ls_interval; a step with an
+inf/NaN gradient is skipped). fastai's schedule is
+LossScaler("dynamic", ls_init=2**24, ls_interval=500). help(SGD), help(LossScaler).
 """
 try:
     import torch as _torch  # noqa: F401
@@ -60,5 +67,8 @@ except ImportError as error:
 
 from ._tensor import quantize, round  # noqa: E402
 from ._emulate import emulate, exception_table, layer_seed, round_output  # noqa: E402
+from ._optim import SGD, Adam, UPDATE_RULES, sr_seed  # noqa: E402
+from ._scaling import LossScaler  # noqa: E402
 
-__all__ = ["round", "quantize", "emulate", "exception_table", "round_output", "layer_seed"]
+__all__ = ["round", "quantize", "emulate", "exception_table", "round_output", "layer_seed",
+           "SGD", "Adam", "UPDATE_RULES", "sr_seed", "LossScaler"]
