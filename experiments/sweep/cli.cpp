@@ -409,10 +409,10 @@ int run(const Arguments& args, WorkerGroup* workers) {
   if (report.failed_runs > 0 && !stop_requested().load()) {
     print_summary(out);
     std::fprintf(stderr,
-                 "sweep: %zu %s raised; %s in %s /failures (roundoff.results.failures_table); after a fix, "
+                 "sweep: %zu %s raised; %s in %s /failures (python3 -m roundoff.results %s --failures); after a fix, "
                  "rerun %s with: %s\n",
                  report.failed_runs, report.failed_runs == 1 ? "run" : "runs", report.failed_runs == 1 ? "its traceback is" : "their tracebacks are",
-                 out.c_str(), report.failed_runs == 1 ? "it" : "them", command_for(args, plan, " --resume").c_str());
+                 out.c_str(), shell_quoted(out).c_str(), report.failed_runs == 1 ? "it" : "them", command_for(args, plan, " --resume").c_str());
     return kExitBadInput;
   }
   if (!report.complete) {

@@ -49,22 +49,3 @@ def run(params, replica, seed):
                  "element": 3, "operands": [1.5, -2.0]}]
     return Result(metrics={"final_loss": losses[-1], "weight_norm": model.weight.norm().item()},
                   traces={"loss": (list(range(len(losses))), losses)}, fp_counts=rows)
-
-
-_SMALL = dict(params=[param("mode", str, "ok", "what the run does", allowed=["ok", "raise", "nan", "undeclared", "crash"])],
-              metrics=[metric("value", "the replica index, or NaN")], headline="value")
-
-
-@experiment(description="runs that fail in each documented way (a test experiment)", **_SMALL)
-def misbehave(params, replica, seed):
-    mode = params["mode"]
-    if mode == "raise" and replica == 1:
-        raise RuntimeError(f"replica {replica} fails on purpose")
-    if mode == "nan":
-        return Result(metrics={"value": math.nan})
-    if mode == "undeclared":
-        return Result(metrics={"value": 1.0, "surprise": 2.0})
-    if mode == "crash" and replica == 0:
-        import os
-        os._exit(9)
-    return Result(metrics={"value": float(replica)})
