@@ -4,7 +4,6 @@ A linear regression trained by SGD on data drawn from the run's seed: every numb
 on the parameters, the replica and the seed alone, so -j1 and -j2 must give the same bits.
 """
 
-import math
 import time
 
 import torch
