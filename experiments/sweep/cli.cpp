@@ -31,7 +31,7 @@ const char* const kUsage =
     "usage: sweep CONFIG.yaml [-o OUT.h5] [-j N] [--shard K/N | --shard auto] [--force | --resume] [--dry-run] [--quiet]\n"
     "       sweep merge OUT.h5 SHARD.h5... [--force] [--quiet]\n"
     "       sweep --list\n"
-    "       sweep --describe EXPERIMENT\n"
+    "       sweep --describe EXPERIMENT | CONFIG.yaml\n"
     "\n"
     "Runs every grid point x replica of a YAML config in parallel and writes one HDF5 file\n"
     "(schema: results/README.md; config keys: configs/README.md). Under mpirun (a build\n"
@@ -48,7 +48,8 @@ const char* const kUsage =
     "  --dry-run          validate, print the grid size and output path, compute nothing\n"
     "  --quiet            no progress bar\n"
     "  --list             list the experiments\n"
-    "  --describe NAME    an experiment's parameters, metrics and traces\n"
+    "  --describe NAME    an experiment's parameters, metrics and traces; for a Python\n"
+    "                     experiment (experiment: python) name its config instead\n"
     "\n"
     "sweep merge checks that the shard files come from one config and one build and hold\n"
     "every run exactly once, then writes OUT, identical to a single-machine run.\n"
@@ -57,7 +58,8 @@ const char* const kUsage =
     "points are saved; continue with --resume). Status 3 (an enabled floating-point\n"
     "exception trapped) is emu's, never sweep's: a trap inside a run (fp_exceptions: trap)\n"
     "is that run's recorded outcome (NaN metrics, the report in /traps), and the sweep\n"
-    "goes on.\n";
+    "goes on. A Python experiment's run that raises fails that run only: its traceback\n"
+    "goes to /failures, the sweep goes on and exits 2 at the end (--resume reruns it).\n";
 
 struct Arguments {
   std::optional<std::string> config, output, describe, shard;
@@ -157,6 +159,8 @@ void print_list() {
   for (const Experiment& e : experiments()) width = std::max(width, e.name.size());
   for (const Experiment& e : experiments())
     std::printf("%-*s  %s\n", static_cast<int>(width), e.name.c_str(), e.description.c_str());
+  std::printf("%-*s  %s\n", static_cast<int>(width), kPythonExperiment,
+              "a Python callable named by the config's run: (configs/README.md); sweep --describe CONFIG.yaml");
 }
 
 std::string limits_text(const ParamSpec& spec) {
@@ -171,14 +175,19 @@ std::string limits_text(const ParamSpec& spec) {
   return text;
 }
 
+// NAME is an experiment's name, or a config file (a .yaml, .yml or a path to a file):
+// that config's experiment, the way for a Python one.
 int describe(const std::string& name) {
-  const Experiment* e = find_experiment(name);
+  const bool is_config = name.ends_with(".yaml") || name.ends_with(".yml") || name.find('/') != std::string::npos;
+  const SweepPlan plan = is_config ? load_plan(name, std::nullopt, /*check_output_folder=*/false) : SweepPlan{};
+  const Experiment* e = is_config ? plan.experiment : find_experiment(name);
   if (!e) {
     std::vector<std::string> names;
     for (const Experiment& x : experiments()) names.push_back(x.name);
     throw InputError("sweep: --describe: unknown experiment '" + name + "'" + did_you_mean(name, names) + " (see sweep --list)");
   }
-  std::printf("%s: %s\n\nparameters (name, type, default, meaning):\n", e->name.c_str(), e->description.c_str());
+  const std::string title = plan.python_experiment ? e->name + " (" + name + ")" : e->name;
+  std::printf("%s: %s\n\nparameters (name, type, default, meaning):\n", title.c_str(), e->description.c_str());
   for (const ParamSpec& p : e->params) {
     const std::string limits = limits_text(p);
     std::printf("  %-14s %-6s %-10s %s%s\n", p.name.c_str(), param_type_name(p.type), to_string(p.default_value).c_str(),
@@ -396,6 +405,15 @@ int run(const Arguments& args, WorkerGroup* workers) {
     options.progress = !args.quiet && isatty(STDERR_FILENO);
     report = run_plan(plan, output, work, options, stop_requested(), remote.get());
     if (report.complete) output.mark_complete();
+  }
+  if (report.failed_runs > 0 && !stop_requested().load()) {
+    print_summary(out);
+    std::fprintf(stderr,
+                 "sweep: %zu %s raised; %s in %s /failures (python3 -m roundoff.results %s --failures); after a fix, "
+                 "rerun %s with: %s\n",
+                 report.failed_runs, report.failed_runs == 1 ? "run" : "runs", report.failed_runs == 1 ? "its traceback is" : "their tracebacks are",
+                 out.c_str(), shell_quoted(out).c_str(), report.failed_runs == 1 ? "it" : "them", command_for(args, plan, " --resume").c_str());
+    return kExitBadInput;
   }
   if (!report.complete) {
     std::fprintf(stderr, "sweep: interrupted; %zu of %zu points%s saved in %s (status partial); continue with: %s\n",

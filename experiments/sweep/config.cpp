@@ -1,5 +1,7 @@
 #include "config.hpp"
 
+#include "python_experiment.hpp"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -425,7 +427,7 @@ SweepPlan parse_plan(const std::string& config_text, const std::string& config_p
   NodeChecker(reader, config_text).check(root, top, "config");
   if (!root.IsMap()) reader.fail(top, "config", "expected a mapping with at least 'experiment:' and usually 'grid:'");
 
-  const std::vector<std::string> known_keys = {"experiment", "description", "seed", "replicas", "output", "grid", "zip"};
+  const std::vector<std::string> known_keys = {"experiment", "run", "description", "seed", "replicas", "output", "grid", "zip"};
   std::map<std::string, Located> given;
   for (auto& [name, at] : reader.entries(Located{root, top, ""})) {
     if (std::find(known_keys.begin(), known_keys.end(), name) == known_keys.end())
@@ -441,10 +443,26 @@ SweepPlan parse_plan(const std::string& config_text, const std::string& config_p
   const Located* experiment_at = get("experiment");
   if (!experiment_at) reader.fail(top, "experiment", "missing: name the experiment to run (sweep --list shows them)");
   const std::string experiment_name = reader.string(*experiment_at);
-  plan.experiment = find_experiment(experiment_name);
+  const Located* run_at = get("run");
+  if (experiment_name == kPythonExperiment) {
+    if (!run_at) reader.fail(experiment_at->key_mark, "run", "missing: experiment: python needs run: PATH.py:FUNCTION or package.module:FUNCTION");
+    // Relative to the config's folder, so that a config and its script travel together and
+    // the run does not depend on the working directory.
+    const std::string folder = std::filesystem::absolute(config_path).parent_path().string();
+    try {
+      plan.python_experiment = load_python_experiment(reader.string(*run_at), folder);
+    } catch (const PythonLoadError& e) {
+      reader.fail(*run_at, e.what());
+    }
+    plan.experiment = plan.python_experiment.get();
+  } else {
+    if (run_at) reader.fail(run_at->key_mark, "run", "only with experiment: python (it names the Python callable to run)");
+    plan.experiment = find_experiment(experiment_name);
+  }
   if (!plan.experiment) {
     std::vector<std::string> names;
     for (const Experiment& e : experiments()) names.push_back(e.name);
+    names.push_back(kPythonExperiment);
     reader.fail(*experiment_at, "unknown experiment '" + experiment_name + "'" + did_you_mean(experiment_name, names) +
                                     "; known: " + join(names));
   }
@@ -596,7 +614,8 @@ SweepPlan parse_plan(const std::string& config_text, const std::string& config_p
   return plan;
 }
 
-SweepPlan load_plan(const std::string& config_path, const std::optional<std::string>& output_override) {
+SweepPlan load_plan(const std::string& config_path, const std::optional<std::string>& output_override,
+                    bool check_output_folder) {
   const auto cannot_read = [&](int error) { return InputError(config_path + ": config: cannot read: " + std::strerror(error)); };
   const int fd = open(config_path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw cannot_read(errno);
@@ -616,7 +635,7 @@ SweepPlan load_plan(const std::string& config_path, const std::optional<std::str
     if (n == 0) break;
     text.append(buffer, static_cast<std::size_t>(n));
   }
-  return parse_plan(text, config_path, output_override);
+  return parse_plan(text, config_path, output_override, check_output_folder);
 }
 
 }  // namespace roundoff::sweep

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -23,6 +24,10 @@ inline constexpr std::uint64_t kMaxRuns = 1'000'000;
 inline constexpr std::uint64_t kMaxTraceSamplesPerRun = 10'000'000;
 inline constexpr std::uint64_t kMaxTraceValues = std::uint64_t{1} << 28;
 
+// The experiment name of a config whose `run:` names a Python callable
+// (python_experiment.hpp).
+inline constexpr const char* kPythonExperiment = "python";
+
 // Bad input: a config problem (with its place in the file) or a bad argument.
 class InputError : public std::runtime_error {
  public:
@@ -37,6 +42,9 @@ struct SweepPlan {
   std::string config_path;
   std::string config_text;  // verbatim
   const Experiment* experiment = nullptr;
+  // experiment: python: the experiment the callable declares (with its worker processes);
+  // `experiment` points to it.
+  std::shared_ptr<const Experiment> python_experiment;
   std::string description;
   std::uint64_t seed = 0;
   std::uint32_t replicas = 1;
@@ -60,7 +68,8 @@ SweepPlan parse_plan(const std::string& config_text, const std::string& config_p
 
 // Reads the file (a problem reading it is "FILE: config: cannot read: OS reason"), then
 // parse_plan.
-SweepPlan load_plan(const std::string& config_path, const std::optional<std::string>& output_override);
+SweepPlan load_plan(const std::string& config_path, const std::optional<std::string>& output_override,
+                    bool check_output_folder = true);
 
 // Levenshtein distance, for "did you mean".
 std::size_t edit_distance(const std::string& a, const std::string& b);

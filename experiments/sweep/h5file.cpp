@@ -381,6 +381,63 @@ void write_fp_point(const std::map<std::string, Hid>& sets, hsize_t p, hsize_t f
   write_fp_blocks(sets, b, "traps/", p, first_replica, {1, replicas}, width);
 }
 
+// The n variable-length UTF-8 strings of a dataset ("" for unwritten ones).
+std::vector<std::string> read_strings(hid_t dataset, std::size_t n) {
+  Hid string_type = utf8_string_type();
+  std::vector<char*> values(n);
+  check(H5Dread(dataset, string_type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), "read strings");
+  std::vector<std::string> strings;
+  for (char* v : values) strings.push_back(v ? v : "");
+  Hid space = checked(H5Dget_space(dataset), H5Sclose, "H5Dget_space");
+  reclaim_variable_length(string_type.get(), space.get(), values.data());
+  return strings;
+}
+
+// /failures (results/README.md): the runs that raised and are not done, one row each by
+// (point, replica). Rewritten whole when it changed (failures are few); absent when empty,
+// so that a file whose failed runs a --resume redid equals an uninterrupted run's.
+constexpr const char* kFailureColumns[] = {"point", "replica", "message", "traceback"};
+
+std::map<std::pair<std::uint32_t, std::uint32_t>, FailedRun> read_failures(hid_t f) {
+  std::map<std::pair<std::uint32_t, std::uint32_t>, FailedRun> failures;
+  if (H5Lexists(f, "failures", H5P_DEFAULT) <= 0) return failures;
+  Hid point_set = open_dataset(f, "failures/point"), replica_set = open_dataset(f, "failures/replica");
+  const std::size_t n = dataset_dims(point_set.get()).at(0);
+  std::vector<std::int64_t> points(n), replicas(n);
+  check(H5Dread(point_set.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, points.data()), "read failures");
+  check(H5Dread(replica_set.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, replicas.data()), "read failures");
+  const std::vector<std::string> messages = read_strings(open_dataset(f, "failures/message").get(), n);
+  const std::vector<std::string> tracebacks = read_strings(open_dataset(f, "failures/traceback").get(), n);
+  for (std::size_t i = 0; i < n; ++i)
+    failures[{static_cast<std::uint32_t>(points[i]), static_cast<std::uint32_t>(replicas[i])}] = {messages[i], tracebacks[i]};
+  return failures;
+}
+
+void write_failures(hid_t f, const std::map<std::pair<std::uint32_t, std::uint32_t>, FailedRun>& failures) {
+  if (H5Lexists(f, "failures", H5P_DEFAULT) > 0) check(H5Ldelete(f, "failures", H5P_DEFAULT), "delete failures");
+  if (failures.empty()) return;
+  Hid group = create_group(f, "failures");
+  write_attribute(group.get(), "meaning",
+                  std::string("the runs whose own code raised and are not done (--resume reruns them), one row each"));
+  const hsize_t n = failures.size();
+  std::vector<std::int64_t> points, replicas;
+  std::vector<const char*> messages, tracebacks;
+  for (const auto& [run, failed] : failures) {
+    points.push_back(run.first), replicas.push_back(run.second);
+    messages.push_back(failed.message.c_str()), tracebacks.push_back(failed.traceback.c_str());
+  }
+  Hid text = utf8_string_type();
+  const char* const meanings[] = {"grid point index", "replica index", "the exception, one line",
+                                  "the traceback, as Python prints it"};
+  for (std::size_t c = 0; c < std::size(kFailureColumns); ++c) {
+    const bool is_text = c >= 2;
+    Hid dataset = create_dataset(group.get(), kFailureColumns[c], is_text ? text.get() : H5T_STD_I64LE, {n});
+    const void* const data[] = {points.data(), replicas.data(), messages.data(), tracebacks.data()};
+    write_block(dataset.get(), is_text ? text.get() : H5T_NATIVE_INT64, {0}, {n}, data[c]);
+    write_attribute(dataset.get(), "meaning", std::string(meanings[c]));
+  }
+}
+
 // Every attribute, group and dataset of a new output, in file `f`.
 void write_layout(hid_t f, const SweepPlan& plan, const std::string& config_sha256) {
   const Experiment& experiment = *plan.experiment;
@@ -518,6 +575,7 @@ OutputFile::OutputFile(const SweepPlan& plan, Hid file) : plan_(&plan), file_(st
   done_replicas_.resize(plan.points.size() * plan.replicas);
   check(H5Dread(done_replicas_set_.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, done_replicas_.data()),
         "read done_replicas");
+  failures_ = read_failures(f);
 }
 
 namespace {
@@ -590,6 +648,7 @@ void OutputFile::write_point(const PointWork& work, const std::vector<RunResult>
     write_fp_point(fp_sets_, p, replicas[first], std::span<const RunResult>(results).subspan(first, count));
   });
 
+  for (std::uint32_t r : replicas) failures_changed_ = failures_.erase({work.point, r}) > 0 || failures_changed_;
   const std::vector<std::uint8_t> ones(replicas.size(), 1);
   write_row(done_replicas_set_.get(), H5T_NATIVE_UINT8, ones);
   const auto row = done_replicas_.begin() + static_cast<std::ptrdiff_t>(p * plan_->replicas);
@@ -600,7 +659,17 @@ void OutputFile::write_point(const PointWork& work, const std::vector<RunResult>
   }
 }
 
-void OutputFile::flush() { check(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL), "H5Fflush"); }
+void OutputFile::record_failure(std::uint32_t point, std::uint32_t replica, const std::string& message,
+                                const std::string& traceback) {
+  failures_[{point, replica}] = {message, traceback};
+  failures_changed_ = true;
+}
+
+void OutputFile::flush() {
+  if (failures_changed_) write_failures(file_.get(), failures_);
+  failures_changed_ = false;
+  check(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL), "H5Fflush");
+}
 
 void OutputFile::mark_complete() {
   flush();
@@ -609,18 +678,6 @@ void OutputFile::mark_complete() {
 }
 
 namespace {
-
-// The n variable-length UTF-8 strings of a dataset ("" for unwritten ones).
-std::vector<std::string> read_strings(hid_t dataset, std::size_t n) {
-  Hid string_type = utf8_string_type();
-  std::vector<char*> values(n);
-  check(H5Dread(dataset, string_type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), "read strings");
-  std::vector<std::string> strings;
-  for (char* v : values) strings.push_back(v ? v : "");
-  Hid space = checked(H5Dget_space(dataset), H5Sclose, "H5Dget_space");
-  reclaim_variable_length(string_type.get(), space.get(), values.data());
-  return strings;
-}
 
 std::vector<std::string> read_param_column(hid_t dataset, const std::string& type, std::size_t n) {
   std::vector<std::string> column;

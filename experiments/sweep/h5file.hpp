@@ -11,6 +11,8 @@
 //   /traps/<col>      [P, R(, 4 | M)]: the trap that ended a run
 //   /done             [P] uint8: every replica of the point is written
 //   /done_replicas    [P, R] uint8: this run is written
+//   /failures/<col>   [F]: the runs whose own code raised and are not done (point,
+//                     replica, message, traceback); only while there are any
 // A shard's file (sweep --shard K/N) has the same layout and adds the root attributes
 // shard_index, shard_count and config_path.
 #pragma once
@@ -43,6 +45,11 @@ struct ExistingOutput {
 };
 ExistingOutput inspect_output(const std::string& path);
 
+// A run whose own code raised (RunRaised): the exception's line and its traceback.
+struct FailedRun {
+  std::string message, traceback;
+};
+
 class OutputFile {
  public:
   // Writes the complete skeleton (every dataset, status "partial") under a temporary name
@@ -61,7 +68,11 @@ class OutputFile {
   // Writes the results of some replicas of one point (results[i] is replica
   // work.replicas[i]) and marks them done; the point is done once all its replicas are
   // (not yet flushed).
+  // Also removes those runs from /failures.
   void write_point(const PointWork& work, const std::vector<RunResult>& results);
+  // Records a run that raised in /failures (replacing an earlier failure of that run); it
+  // stays not done. Written at the next flush.
+  void record_failure(std::uint32_t point, std::uint32_t replica, const std::string& message, const std::string& traceback);
   void flush();
   // Sets status "complete" and flushes: call only after the last point is written.
   void mark_complete();
@@ -75,6 +86,8 @@ class OutputFile {
   std::map<std::string, Hid> fp_sets_;  // /fp_counts/* and /traps/*, by path
   Hid done_set_, done_replicas_set_;
   std::vector<std::uint8_t> done_replicas_;
+  std::map<std::pair<std::uint32_t, std::uint32_t>, FailedRun> failures_;  // by (point, replica)
+  bool failures_changed_ = false;
 };
 
 // What the summary table shows, read back from a file.

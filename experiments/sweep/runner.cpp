@@ -113,6 +113,10 @@ ItemOutcome run_item(const SweepPlan& plan, WorkItem item, const std::atomic<boo
     outcome.kind = ItemOutcome::Kind::cancelled;
   } catch (const emu::FpException& e) {
     outcome.result = trapped_run(*plan.experiment, e.report());  // the run's outcome, not a failure
+  } catch (const RunRaised& e) {
+    outcome.kind = ItemOutcome::Kind::raised;
+    outcome.message = e.what();
+    outcome.traceback = e.traceback();
   } catch (const BadInput& e) {
     outcome.kind = ItemOutcome::Kind::bad_input;
     outcome.message = plan.config_path + ": " + where + e.what();
@@ -254,7 +258,7 @@ RunReport run_plan(const SweepPlan& plan, OutputFile& output, const std::vector<
   // Results wait per point until all its pending replicas are in.
   struct Slot {
     std::vector<RunResult> results;
-    std::vector<bool> arrived;
+    std::vector<bool> arrived, raised;
     std::size_t left = 0;
   };
   std::vector<Slot> slots(pending.size());
@@ -264,6 +268,7 @@ RunReport run_plan(const SweepPlan& plan, OutputFile& output, const std::vector<
     slot_of_point[pending[s].point] = static_cast<std::int64_t>(s);
     slots[s].left = pending[s].replicas.size();
     slots[s].arrived.assign(pending[s].replicas.size(), false);
+    slots[s].raised.assign(pending[s].replicas.size(), false);
     for (std::uint32_t r : pending[s].replicas) items.push_back({pending[s].point, r});
   }
 
@@ -272,7 +277,7 @@ RunReport run_plan(const SweepPlan& plan, OutputFile& output, const std::vector<
   bool unflushed = false;
   const auto deliver = [&](ItemOutcome&& outcome) {
     if (outcome.kind == ItemOutcome::Kind::cancelled) return;
-    if (outcome.kind != ItemOutcome::Kind::ok) {
+    if (outcome.kind != ItemOutcome::Kind::ok && outcome.kind != ItemOutcome::Kind::raised) {
       if (failure.empty()) {
         failure = outcome.message;
         failure_is_bad_input = outcome.kind == ItemOutcome::Kind::bad_input;
@@ -293,12 +298,24 @@ RunReport run_plan(const SweepPlan& plan, OutputFile& output, const std::vector<
     const auto index = static_cast<std::size_t>(at - wanted.begin());
     if (at == wanted.end() || *at != item.replica || slot.arrived[index]) throw unexpected();
     if (slot.results.empty()) slot.results.resize(wanted.size());
-    slot.results[index] = std::move(outcome.result);
     slot.arrived[index] = true;
+    if (outcome.kind == ItemOutcome::Kind::raised) {
+      output.record_failure(item.point, item.replica, outcome.message, outcome.traceback);
+      slot.raised[index] = true;
+      ++report.failed_runs;
+      unflushed = true;
+    } else {
+      slot.results[index] = std::move(outcome.result);
+    }
     if (--slot.left == 0) {
-      output.write_point(pending[s], slot.results);
+      // The replicas that raised stay unwritten (not done): --resume reruns them.
+      PointWork written{pending[s].point, {}};
+      std::vector<RunResult> results;
+      for (std::size_t i = 0; i < wanted.size(); ++i)
+        if (!slot.raised[i]) written.replicas.push_back(wanted[i]), results.push_back(std::move(slot.results[i]));
+      if (!written.replicas.empty()) output.write_point(written, results);
+      if (written.replicas.size() == wanted.size()) ++report.points_done;
       slot.results = {};
-      ++report.points_done;
       unflushed = true;
     }
   };

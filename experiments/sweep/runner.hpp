@@ -32,6 +32,7 @@ struct RunOptions {
 struct RunReport {
   bool complete = false;  // every point of the work is done
   std::size_t points_done = 0, n_points = 0;
+  std::size_t failed_runs = 0;  // runs whose own code raised (RunRaised); in /failures
   double seconds = 0;
 };
 
@@ -47,17 +48,32 @@ class ExperimentBadInput : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A run whose own code failed (a Python experiment's callable raised, or its worker
+// died): that run only fails. It is recorded in the output's /failures, not marked done
+// (--resume reruns it), and the sweep goes on; sweep exits 2 at the end.
+class RunRaised : public std::runtime_error {
+ public:
+  RunRaised(const std::string& message, std::string traceback)
+      : std::runtime_error(message), traceback_(std::move(traceback)) {}
+  const std::string& traceback() const { return traceback_; }
+
+ private:
+  std::string traceback_;
+};
+
 struct WorkItem {
   std::uint32_t point = 0, replica = 0;
 };
 
-// What became of one run. `message` (for bad_input and failure) names the point and replica.
+// What became of one run. `message` (for bad_input and failure) names the point and replica;
+// for raised it is the exception's one line and `traceback` the rest.
 struct ItemOutcome {
-  enum class Kind : std::uint8_t { ok, cancelled, bad_input, failure };
+  enum class Kind : std::uint8_t { ok, cancelled, bad_input, failure, raised };
   WorkItem item;
   Kind kind = Kind::ok;
   RunResult result;  // for ok
   std::string message;
+  std::string traceback;
 };
 
 // Runs one item of the plan: the experiment with its own stream, `stop` as its cancel flag,
@@ -121,7 +137,7 @@ class RemoteWorkers {
 };
 
 // Runs the items of `work` (by point; a point is written once all its listed replicas are
-// done). `stop` is polled between runs and handed to experiments as RunEnv::cancel; once it
+// done; those that raised are left out, recorded in /failures, and the sweep goes on). `stop` is polled between runs and handed to experiments as RunEnv::cancel; once it
 // is set no new run starts, cancelled runs are dropped, and every point whose listed
 // replicas all finished is still written. Throws ExperimentFailure (or ExperimentBadInput)
 // after saving what finished.

@@ -1,12 +1,7 @@
 #include "wire.hpp"
 
-#include <algorithm>
-#include <bit>
-#include <cstring>
 #include <map>
 #include <optional>
-#include <stdexcept>
-#include <type_traits>
 
 namespace roundoff::sweep {
 namespace {
@@ -23,99 +18,17 @@ struct RunResultFields {
 static_assert(sizeof(RunResult) == sizeof(RunResultFields),
               "RunResult has changed: encode its new fields in encode_outcome and decode_outcome");
 
-class Writer {
- public:
-  template <typename T>
-  void number(T value) {
-    static_assert(std::is_arithmetic_v<T>);
-    unsigned char bytes[sizeof(T)];
-    std::memcpy(bytes, &value, sizeof(T));
-    if constexpr (std::endian::native == std::endian::big) std::reverse(bytes, bytes + sizeof(T));
-    out_.append(reinterpret_cast<const char*>(bytes), sizeof(T));
-  }
-  void text(std::string_view s) {
-    number<std::uint64_t>(s.size());
-    out_.append(s);
-  }
-  void doubles(const std::vector<double>& values) {
-    number<std::uint64_t>(values.size());
-    for (double v : values) number(v);
-  }
-  void element(const emu::Element& e) {
-    number(e.flat);
-    number<std::int32_t>(e.rank);
-    for (std::int64_t i : e.index) number(i);
-  }
-  std::string take() { return std::move(out_); }
-
- private:
-  std::string out_;
-};
-
-class Reader {
- public:
-  explicit Reader(std::string_view in) : in_(in) {}
-  template <typename T>
-  T number() {
-    need(sizeof(T));
-    unsigned char bytes[sizeof(T)];
-    std::memcpy(bytes, in_.data(), sizeof(T));
-    if constexpr (std::endian::native == std::endian::big) std::reverse(bytes, bytes + sizeof(T));
-    in_.remove_prefix(sizeof(T));
-    T value;
-    std::memcpy(&value, bytes, sizeof(T));
-    return value;
-  }
-  std::string text() {
-    const auto n = number<std::uint64_t>();
-    need(n);
-    std::string s(in_.substr(0, n));
-    in_.remove_prefix(n);
-    return s;
-  }
-  std::vector<double> doubles() {
-    const auto n = number<std::uint64_t>();
-    need(n > in_.size() / sizeof(double) ? in_.size() + 1 : n * sizeof(double));
-    std::vector<double> values(n);
-    for (double& v : values) v = number<double>();
-    return values;
-  }
-  emu::Element element() {
-    emu::Element e;
-    e.flat = number<std::int64_t>();
-    e.rank = number<std::int32_t>();
-    if (e.rank < 0 || e.rank > emu::Element::kMaxRank) throw std::runtime_error("MPI message: bad element rank");
-    for (std::int64_t& i : e.index) i = number<std::int64_t>();
-    return e;
-  }
-  emu::Flag flag() {
-    const auto f = number<std::uint8_t>();
-    for (emu::Flag known : emu::kAllFlags)
-      if (f == known) return known;
-    throw std::runtime_error("MPI message: unknown flag");
-  }
-  void end() const {
-    if (!in_.empty()) throw std::runtime_error("MPI message: " + std::to_string(in_.size()) + " bytes left over");
-  }
-
- private:
-  void need(std::uint64_t n) const {
-    if (n > in_.size()) throw std::runtime_error("MPI message: truncated");
-  }
-  std::string_view in_;
-};
-
 }  // namespace
 
 std::string encode_items(const std::vector<WorkItem>& items) {
-  Writer w;
+  WireWriter w;
   w.number<std::uint64_t>(items.size());
   for (const WorkItem& item : items) w.number(item.point), w.number(item.replica);
   return w.take();
 }
 
 std::vector<WorkItem> decode_items(std::string_view bytes) {
-  Reader r(bytes);
+  WireReader r(bytes);
   const auto n = r.number<std::uint64_t>();
   if (n > bytes.size() / 8) throw std::runtime_error("MPI message: truncated");
   std::vector<WorkItem> items(n);
@@ -125,10 +38,11 @@ std::vector<WorkItem> decode_items(std::string_view bytes) {
 }
 
 std::string encode_outcome(const ItemOutcome& outcome) {
-  Writer w;
+  WireWriter w;
   w.number(outcome.item.point), w.number(outcome.item.replica);
   w.number(static_cast<std::uint8_t>(outcome.kind));
   w.text(outcome.message);
+  w.text(outcome.traceback);
   const RunResult& result = outcome.result;
   w.number<std::uint64_t>(result.metrics.size());
   for (const auto& [name, value] : result.metrics) w.text(name), w.number(value);
@@ -149,14 +63,15 @@ std::string encode_outcome(const ItemOutcome& outcome) {
 }
 
 ItemOutcome decode_outcome(std::string_view bytes) {
-  Reader r(bytes);
+  WireReader r(bytes);
   ItemOutcome outcome;
   outcome.item.point = r.number<std::uint32_t>();
   outcome.item.replica = r.number<std::uint32_t>();
   const auto kind = r.number<std::uint8_t>();
-  if (kind > static_cast<std::uint8_t>(ItemOutcome::Kind::failure)) throw std::runtime_error("MPI message: unknown outcome kind");
+  if (kind > static_cast<std::uint8_t>(ItemOutcome::Kind::raised)) throw std::runtime_error("MPI message: unknown outcome kind");
   outcome.kind = static_cast<ItemOutcome::Kind>(kind);
   outcome.message = r.text();
+  outcome.traceback = r.text();
   RunResult& result = outcome.result;
   for (auto n = r.number<std::uint64_t>(); n > 0; --n) {
     std::string name = r.text();
@@ -187,7 +102,7 @@ ItemOutcome decode_outcome(std::string_view bytes) {
 }
 
 std::string encode_start(const StartMessage& start) {
-  Writer w;
+  WireWriter w;
   w.number(start.threads);
   w.text(start.config_path);
   w.text(start.config_text);
@@ -195,7 +110,7 @@ std::string encode_start(const StartMessage& start) {
 }
 
 StartMessage decode_start(std::string_view bytes) {
-  Reader r(bytes);
+  WireReader r(bytes);
   StartMessage start;
   start.threads = r.number<std::int32_t>();
   start.config_path = r.text();

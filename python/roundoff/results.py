@@ -315,6 +315,21 @@ def traps_table(source):
     return pandas.DataFrame(_with_params(result, (point, replica), {name: columns[name] for name in names}))
 
 
+def failures_table(source):
+    """Tidy table of the runs whose own code raised (a Python experiment's callable) and are
+    not done: one row per run, by point then replica (the file's /failures; empty when it has
+    none). Columns point, replica, every parameter, message (the exception, one line) and
+    traceback."""
+    result = _results(source)
+    with h5py.File(result.path, "r") as f:
+        rows = ({name: _column(f["failures"][name]) for name in ("point", "replica", "message", "traceback")}
+                if "failures" in f else {})
+    point = rows.get("point", np.array([], dtype=np.int64))
+    replica = rows.get("replica", np.array([], dtype=np.int64))
+    columns = {name: rows.get(name, np.array([], dtype=object)) for name in ("message", "traceback")}
+    return pandas.DataFrame(_with_params(result, (point, replica), columns))
+
+
 def plot(source, out_dir=None):
     """Draws the experiment's figures (roundoff.plot) as files in out_dir (default: the
     results file's folder); returns their paths."""
@@ -322,7 +337,7 @@ def plot(source, out_dir=None):
     return figures.save(_results(source), out_dir)
 
 
-TABLES = {"": table, "--counts": counts_table, "--traps": traps_table}
+TABLES = {"": table, "--counts": counts_table, "--traps": traps_table, "--failures": failures_table}
 
 
 def main(argv):
@@ -330,8 +345,8 @@ def main(argv):
     which = [a for a in args if a in TABLES]
     files = [a for a in args if a not in TABLES]
     if len(files) != 1 or len(which) > 1 or files[0] in ("-h", "--help") or files[0].startswith("--"):
-        print("usage: python3 -m roundoff.results RESULTS.h5 [--counts | --traps]   (prints the tidy table: runs, "
-              "counted floating-point exceptions, or trapped runs)", file=sys.stderr)
+        print("usage: python3 -m roundoff.results RESULTS.h5 [--counts | --traps | --failures]   (prints the tidy "
+              "table: runs, counted floating-point exceptions, trapped runs, or runs that raised)", file=sys.stderr)
         return 2
     try:
         result = open(files[0])
