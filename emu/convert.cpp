@@ -382,6 +382,221 @@ template <class Out, class T, Rounding Mode, Overflow Policy, bool Subnormals>
 inline void prefetch(const void* p) { __builtin_prefetch(p, 0); }
 inline void prefetch_for_write(const void* p) { __builtin_prefetch(p, 1); }
 
+#ifdef EMU_CONVERT_AVX2
+// ---- The vector kernels of bf16 (rne and sr) and fp16 sr: one body for every
+// instruction set, over a traits type Isa (Avx2 and Avx512 below: the vector and mask
+// types, kLanes lanes of 32 bits, and the operations). Branch-free over the finite lane
+// classes (normal, subnormal, zero, overflowing results) by masks and selects; a vector
+// with an inf or NaN lane, or with a tie candidate, goes to the portable kernel.
+//
+// gcc compiles a function for the instruction set in force where it is defined, not
+// where it is instantiated. So every function here is always_inline, and each Isa's
+// round_tile, defined in that instruction set's section with the traits' operations,
+// is the function the body (round_tile_body) is compiled into. Nothing here is compiled
+// on its own, and vectors go in and out by reference: no function here has a vector ABI.
+// gcc still warns where AVX-512 vectors come back from the traits into code outside
+// their section: silenced for this section only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+// Flags of many vectors, accumulated lane-wise: a lane that ends non-zero raises. (No
+// default member initialisers: gcc would compile the implicit constructor for the
+// build's instruction set.)
+template <class Isa>
+struct VectorFlags {
+  typename Isa::Vec inexact;  // OR of rem (INEXACT)
+  typename Isa::Vec uflo;     // OR of the rem of tiny lanes (UFLO), subnormals on
+  typename Isa::Vec flush;    // OR of |x| of tiny lanes (UFLO, INEXACT), subnormals off
+  typename Isa::Vec max_enc;  // the largest rounded magnitude, never negative: OFLO when above max
+
+  template <class T, Overflow Policy>
+  [[gnu::always_inline]] std::uint32_t raised() const {
+    std::uint32_t flags = 0;
+    if (Isa::any_nonzero(inexact)) flags |= kInexact;
+    if (Isa::any_nonzero(uflo)) flags |= kUflo;
+    if (Isa::any_nonzero(flush)) flags |= kUflo | kInexact;
+    if (Isa::any(Isa::greater(max_enc, Isa::splat(T::kMax))))
+      flags |= kOflo | kInexact | (Policy == Overflow::nan ? kInv : 0u);
+    return flags;
+  }
+};
+
+// What all finite lanes need once the rounded magnitude enc (the target's pattern,
+// possibly beyond max) and the discarded bits rem are known:
+//  1. The overflow policy on enc > max: inf: min(enc, inf pattern); saturate: min(enc,
+//     max); nan: the positive quiet NaN. Then the sign.
+//  2. Subnormals off: tiny lanes (|x| < min normal; their enc has wrapped around) become
+//     signed zero.
+//  3. Flags: INEXACT from rem (not of tiny lanes with subnormals off); UFLO from
+//     `tiny_rem` (non-zero iff tiny and inexact) or, subnormals off, from tiny non-zero
+//     |x|; OFLO from the largest enc.
+template <class Isa, class T, Overflow Policy, bool Subnormals, class Vec = typename Isa::Vec>
+[[gnu::always_inline]] inline void finish(const Vec& x, const Vec& a, const Vec& enc, const Vec& rem,
+                                          const Vec& tiny_rem, VectorFlags<Isa>& flags, Vec& result) {
+  const Vec sign = Isa::bit_and(Isa::shift_right(x, 16), Isa::splat(T::kSign));
+  if constexpr (Policy == Overflow::inf)
+    result = Isa::bit_or(sign, Isa::min(enc, Isa::splat(T::kInf)));
+  else if constexpr (Policy == Overflow::saturate)
+    result = Isa::bit_or(sign, Isa::min(enc, Isa::splat(T::kMax)));
+  else  // positive, as emu::round
+    result = Isa::select(Isa::greater(enc, Isa::splat(T::kMax)), Isa::splat(T::kNaN), Isa::bit_or(sign, enc));
+  if constexpr (Subnormals) {
+    flags.inexact = Isa::bit_or(flags.inexact, rem);
+    flags.uflo = Isa::bit_or(flags.uflo, tiny_rem);
+    flags.max_enc = Isa::max(flags.max_enc, enc);
+  } else {
+    const auto tiny = Isa::greater(Isa::splat(T::kMinNormal), a);
+    result = Isa::select(tiny, sign, result);
+    flags.inexact = Isa::or_unless(tiny, flags.inexact, rem);
+    flags.flush = Isa::or_where(tiny, flags.flush, a);
+    flags.max_enc = Isa::max_unless(tiny, flags.max_enc, enc);
+  }
+}
+
+// bf16, rne or sr: |x|'s pattern a has exactly 16 discarded bits (float32 subnormals
+// give bf16 subnormals by the same shift), so rounding is adding a 16-bit c to a and
+// keeping the top half: the sum carries into the kept bits exactly when the magnitude
+// rounds up.
+//   rne: c = 0x7FFF + (kept & 1): carries iff rem > 1/2 ulp, or rem == 1/2 and kept odd.
+//   sr:  c = 0xFFFF - r (r with the low bits filled): carries iff rem > r, i.e. r < F16.
+// a + c stays below 2^31 for finite a, and enc = (a + c) >> 16 is at most the inf pattern.
+// Returns false (having accumulated nothing) when a lane is inf or NaN.
+template <class Isa, Rounding Mode, Overflow Policy, bool Subnormals, class Vec = typename Isa::Vec>
+[[gnu::always_inline]] inline bool bf16_vector(const Vec& x, const Vec& r, VectorFlags<Isa>& flags, Vec& result) {
+  const Vec a = Isa::bit_and(x, Isa::splat(0x7FFFFFFF));
+  if (Isa::any(Isa::greater(a, Isa::splat(0x7F7FFFFF)))) return false;
+  Vec c;
+  if constexpr (Mode == Rounding::rne)
+    c = Isa::add(Isa::splat(0x7FFF), Isa::bit_and(Isa::shift_right(a, 16), Isa::splat(1)));
+  else
+    c = Isa::bit_xor(r, Isa::splat(0xFFFF));
+  const Vec enc = Isa::shift_right(Isa::add(a, c), 16);
+  const Vec rem = Isa::bit_and(a, Isa::splat(0xFFFF));
+  Vec tiny_rem = Isa::zero();
+  if constexpr (Subnormals) tiny_rem = Isa::keep_where(Isa::greater(Isa::splat(Bf16::kMinNormal), a), rem);
+  finish<Isa, Bf16, Policy, Subnormals>(x, a, enc, rem, tiny_rem, flags, result);
+  return true;
+}
+
+// fp16 sr. Subnormals off: like bf16 with 13 discarded bits (a - kRebias is the target's
+// pattern scaled by 2^13; tiny lanes wrap around and are flushed by finish). Subnormals
+// on, one formula for every finite lane, with per-lane shifts (a count of 32 or more
+// gives 0, which the formulas below rely on):
+//  1. c = min(max(exponent - 1, 0), 112): v = a - c 2^23 is the target's pattern scaled
+//     by 2^13 for normal results (c = 112 = 127 - 15), and the significand with its
+//     hidden bit for subnormal ones, with s = 125 - c discarded bits (13 + d, d = 112 - c
+//     binades below 2^-14; float32 subnormals scale as exponent 1).
+//  2. kept = v >> s, rem = v's low s bits; F16 = (rem << 3) >> d (rem < 2^24: no bit
+//     lost to the left shift).
+//  3. up iff r < F16 (r with the low bits filled for sr_bits 1..15; both below 2^16, so
+//     the signed comparison is the unsigned one); enc = kept + up (a carry into the
+//     exponent field is the right result: the next binade, or the min normal from the
+//     largest subnormal).
+//  4. min(rem, d) is non-zero iff the lane is tiny (d > 0) and inexact: UFLO.
+// Returns false (having accumulated nothing) when a lane is inf or NaN or, with Ties, has
+// r == F16 (it may need the tie-break; probability 2^-16 per lane).
+template <class Isa, Overflow Policy, bool Subnormals, bool Ties, class Vec = typename Isa::Vec>
+[[gnu::always_inline]] inline bool fp16_sr_vector(const Vec& x, const Vec& r, VectorFlags<Isa>& flags, Vec& result) {
+  const Vec a = Isa::bit_and(x, Isa::splat(0x7FFFFFFF));
+  auto rare = Isa::greater(a, Isa::splat(0x7F7FFFFF));
+  Vec kept, rem, f16, tiny_rem = Isa::zero();
+  if constexpr (Subnormals) {
+    const Vec exponent = Isa::shift_right(a, 23);
+    const Vec c = Isa::min(Isa::max(Isa::sub(exponent, Isa::splat(1)), Isa::zero()), Isa::splat(112));
+    const Vec v = Isa::sub(a, Isa::shift_left(c, 23));
+    const Vec s = Isa::sub(Isa::splat(125), c);
+    const Vec d = Isa::sub(Isa::splat(112), c);
+    kept = Isa::shift_right_each(v, s);
+    rem = Isa::and_not(Isa::shift_left_each(Isa::splat(~0u), s), v);
+    f16 = Isa::shift_right_each(Isa::shift_left(rem, 3), d);
+    tiny_rem = Isa::min_unsigned(rem, d);
+  } else {
+    const Vec v = Isa::sub(a, Isa::splat(Fp16::kRebias));
+    kept = Isa::shift_right(v, Fp16::kDrop);
+    rem = Isa::bit_and(v, Isa::splat((1u << Fp16::kDrop) - 1));
+    f16 = Isa::shift_left(rem, 16 - Fp16::kDrop);
+  }
+  if constexpr (Ties) rare = Isa::either(rare, Isa::equal(f16, r));
+  if (Isa::any(rare)) return false;
+  const Vec enc = Isa::increment_where(Isa::greater(f16, r), kept);
+  finish<Isa, Fp16, Policy, Subnormals>(x, a, enc, rem, tiny_rem, flags, result);
+  return true;
+}
+
+// Stores the patterns of p (32-bit lanes) as Out at `out`.
+template <class Isa, class Out, class T>
+[[gnu::always_inline]] inline void store_patterns(Out* out, const typename Isa::Vec& p) {
+  if constexpr (std::is_same_v<Out, float> && T::kSameRange)
+    Isa::store(out, Isa::shift_left(p, 16));  // bf16 values are their patterns in the top half of a float32
+  else if constexpr (std::is_same_v<Out, float>)
+    Isa::store_fp16_as_floats(out, p);
+  else
+    Isa::store_low_halves(out, p);
+}
+
+// The vector at j of a tile, with the random bits of the tile's low (elements 0..255:
+// the low halves of the words) or high half (256..511: the high halves); stores its
+// results and returns true, or false, storing nothing, where the vector kernel refuses it.
+template <class Isa, class Out, class T, Rounding Mode, Overflow Policy, bool Subnormals, bool Ties, bool High,
+          class Vec = typename Isa::Vec>
+[[gnu::always_inline]] inline bool round_vector(const float* in, Out* out, const std::uint32_t* words, const Vec& low2,
+                                                int j, VectorFlags<Isa>& flags) {
+  // The next tile's lines: with this much work per element, the hardware prefetchers
+  // alone leave the loop waiting for memory (about 2x slower on arrays beyond the caches).
+  prefetch(in + j + kTile);
+  prefetch_for_write(out + j + kTile);
+  const Vec x = Isa::load(in + j);
+  Vec r = Isa::zero();
+  if constexpr (Mode == Rounding::sr) {
+    const Vec w = Isa::bit_or(Isa::load_aligned(words + j % kWordsPerTile), low2);
+    r = High ? Isa::shift_right(w, 16) : Isa::bit_and(w, Isa::splat(0xFFFF));
+  }
+  Vec p;
+  bool vectorised;
+  if constexpr (std::is_same_v<T, Bf16>) {
+    vectorised = bf16_vector<Isa, Mode, Policy, Subnormals>(x, r, flags, p);
+  } else {
+    static_assert(Mode == Rounding::sr, "fp16 rne takes run_fp16_rne_f16c");
+    vectorised = fp16_sr_vector<Isa, Policy, Subnormals, Ties>(x, r, flags, p);
+  }
+  if (vectorised) [[likely]]
+    store_patterns<Isa, Out, T>(out + j, p);
+  return vectorised;
+}
+
+// One tile (elements [begin, end) of kTile from `in`, multiples of kLanes; index of
+// in[0] = `first`, random words `words`, `low` = the low-bit filler of r); returns the
+// flags raised. Vectors that the vector kernels refuse are left unwritten and redone by
+// the portable kernel after the loops, so that the loops themselves have no call (a call
+// would make every vector register caller-saved: gcc then keeps the accumulators in
+// memory and rebuilds the constants in every iteration, about 1.5x slower). A vector's
+// results are stored after it is loaded and the refused ones are not stored at all:
+// `out` may be `in`.
+template <class Isa, class Out, class T, Rounding Mode, Overflow Policy, bool Subnormals, bool Ties>
+[[gnu::always_inline]] inline std::uint32_t round_tile_body(const HalfRounding& how, const float* in, Out* out,
+                                                            const std::uint32_t* words, std::uint32_t low,
+                                                            std::uint64_t first, int begin, int end) {
+  constexpr int kLanes = Isa::kLanes;
+  static_assert(kTile / kLanes <= 64, "one bit per vector of the tile");
+  const typename Isa::Vec low2 = Isa::splat(low | (low << 16));
+  VectorFlags<Isa> flags{Isa::zero(), Isa::zero(), Isa::zero(), Isa::zero()};
+  std::uint64_t refused = 0;  // bit j / kLanes: the vector at j
+  for (int j = begin; j < std::min(end, kWordsPerTile); j += kLanes)
+    if (!round_vector<Isa, Out, T, Mode, Policy, Subnormals, Ties, false>(in, out, words, low2, j, flags))
+      refused |= std::uint64_t{1} << (j / kLanes);
+  for (int j = std::max(begin, kWordsPerTile); j < end; j += kLanes)
+    if (!round_vector<Isa, Out, T, Mode, Policy, Subnormals, Ties, true>(in, out, words, low2, j, flags))
+      refused |= std::uint64_t{1} << (j / kLanes);
+  std::uint32_t raised = flags.template raised<T, Policy>();
+  for (; refused != 0; refused &= refused - 1)
+    portable_group<Out, T, Mode, Policy, Subnormals>(how, first, in, out, words, kLanes * std::countr_zero(refused),
+                                                     kLanes, raised);
+  return raised;
+}
+
+#pragma GCC diagnostic pop
+#endif  // EMU_CONVERT_AVX2
+
 #ifdef __AVX2__
 bool cpu_has_avx512f() {
   static const bool has = __builtin_cpu_supports("avx512f");
@@ -453,154 +668,61 @@ void philox_tile_avx512(const StreamId& id, std::uint64_t first_block, std::uint
 }
 
 #ifdef EMU_CONVERT_AVX2
-// The rounding kernels of the AVX2 section below (same steps, documented there) on
-// sixteen lanes, with comparisons into mask registers and masked operations for the
-// selects.
-namespace wide {
+// The vector kernels' instruction set (see round_tile_body) on sixteen lanes, with
+// comparisons into mask registers and masked operations for the selects.
+struct Avx512 {
+  using Vec = __m512i;
+  using Mask = __mmask16;
+  static constexpr int kLanes = 16;
 
-inline __m512i splat(std::uint32_t v) { return _mm512_set1_epi32(static_cast<int>(v)); }
+  static Vec splat(std::uint32_t v) { return _mm512_set1_epi32(static_cast<int>(v)); }
+  static Vec zero() { return _mm512_setzero_si512(); }
+  static Vec load(const float* p) { return _mm512_loadu_si512(p); }
+  static Vec load_aligned(const std::uint32_t* p) { return _mm512_load_si512(p); }
+  static void store(float* p, Vec v) { _mm512_storeu_si512(p, v); }
+  // The lanes' low 16 bits (patterns below 2^16), as they are or as the float32 values
+  // of fp16 patterns (the F16C conversion: exact).
+  static void store_low_halves(std::uint16_t* p, Vec v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(v));
+  }
+  static void store_fp16_as_floats(float* p, Vec v) { _mm512_storeu_ps(p, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v))); }
 
-// As the AVX2 section's VectorFlags. (No default member initialisers: gcc would make the
-// implicit constructor outside this section's instruction set.)
-struct VectorFlags {
-  __m512i inexact, uflo, flush, max_enc;
+  static Vec bit_and(Vec a, Vec b) { return _mm512_and_si512(a, b); }
+  static Vec bit_or(Vec a, Vec b) { return _mm512_or_si512(a, b); }
+  static Vec bit_xor(Vec a, Vec b) { return _mm512_xor_si512(a, b); }
+  static Vec and_not(Vec a, Vec b) { return _mm512_andnot_si512(a, b); }  // ~a & b
+  static Vec add(Vec a, Vec b) { return _mm512_add_epi32(a, b); }
+  static Vec sub(Vec a, Vec b) { return _mm512_sub_epi32(a, b); }
+  static Vec shift_left(Vec v, unsigned n) { return _mm512_slli_epi32(v, n); }
+  static Vec shift_right(Vec v, unsigned n) { return _mm512_srli_epi32(v, n); }
+  static Vec shift_left_each(Vec v, Vec n) { return _mm512_sllv_epi32(v, n); }
+  static Vec shift_right_each(Vec v, Vec n) { return _mm512_srlv_epi32(v, n); }
+  static Vec min(Vec a, Vec b) { return _mm512_min_epi32(a, b); }
+  static Vec max(Vec a, Vec b) { return _mm512_max_epi32(a, b); }
+  static Vec min_unsigned(Vec a, Vec b) { return _mm512_min_epu32(a, b); }
 
-  template <class T, Overflow Policy>
-  std::uint32_t raised() const {
-    std::uint32_t flags = 0;
-    if (_mm512_test_epi32_mask(inexact, inexact) != 0) flags |= kInexact;
-    if (_mm512_test_epi32_mask(uflo, uflo) != 0) flags |= kUflo;
-    if (_mm512_test_epi32_mask(flush, flush) != 0) flags |= kUflo | kInexact;
-    if (_mm512_cmpgt_epi32_mask(max_enc, splat(T::kMax)) != 0)
-      flags |= kOflo | kInexact | (Policy == Overflow::nan ? kInv : 0u);
-    return flags;
+  static Mask greater(Vec a, Vec b) { return _mm512_cmpgt_epi32_mask(a, b); }  // signed
+  static Mask equal(Vec a, Vec b) { return _mm512_cmpeq_epi32_mask(a, b); }
+  static Mask either(Mask a, Mask b) { return static_cast<Mask>(a | b); }
+  static bool any(Mask m) { return m != 0; }
+  static bool any_nonzero(Vec v) { return _mm512_test_epi32_mask(v, v) != 0; }
+  static Vec select(Mask m, Vec if_set, Vec if_clear) { return _mm512_mask_mov_epi32(if_clear, m, if_set); }
+  static Vec keep_where(Mask m, Vec v) { return _mm512_maskz_mov_epi32(m, v); }  // 0 where m is clear
+  static Vec increment_where(Mask m, Vec v) { return _mm512_mask_add_epi32(v, m, v, splat(1)); }
+  static Vec or_where(Mask m, Vec acc, Vec v) { return _mm512_mask_or_epi32(acc, m, acc, v); }
+  static Vec or_unless(Mask m, Vec acc, Vec v) { return _mm512_mask_or_epi32(acc, static_cast<Mask>(~m), acc, v); }
+  static Vec max_unless(Mask m, Vec acc, Vec v) { return _mm512_mask_max_epi32(acc, static_cast<Mask>(~m), acc, v); }
+
+  // The kernel of one tile and the random words, compiled here for AVX-512F.
+  template <class Out, class T, Rounding Mode, Overflow Policy, bool Subnormals, bool Ties>
+  static std::uint32_t round_tile(const HalfRounding& how, const float* in, Out* out, const std::uint32_t* words,
+                                  std::uint32_t low, std::uint64_t first, int begin, int end) {
+    return round_tile_body<Avx512, Out, T, Mode, Policy, Subnormals, Ties>(how, in, out, words, low, first, begin, end);
+  }
+  static void philox_tile(const StreamId& id, std::uint64_t first_block, std::uint32_t* words) {
+    philox_tile_avx512(id, first_block, words);
   }
 };
-
-template <class T, Overflow Policy, bool Subnormals>
-inline __m512i finish(__m512i x, __m512i a, __m512i enc, __m512i rem, __m512i tiny_rem, VectorFlags& flags) {
-  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(x, 16), splat(T::kSign));
-  __m512i result;
-  if constexpr (Policy == Overflow::inf)
-    result = _mm512_or_si512(sign, _mm512_min_epi32(enc, splat(T::kInf)));
-  else if constexpr (Policy == Overflow::saturate)
-    result = _mm512_or_si512(sign, _mm512_min_epi32(enc, splat(T::kMax)));
-  else  // positive, as emu::round
-    result = _mm512_mask_mov_epi32(_mm512_or_si512(sign, enc), _mm512_cmpgt_epi32_mask(enc, splat(T::kMax)),
-                                   splat(T::kNaN));
-  if constexpr (Subnormals) {
-    flags.inexact = _mm512_or_si512(flags.inexact, rem);
-    flags.uflo = _mm512_or_si512(flags.uflo, tiny_rem);
-    flags.max_enc = _mm512_max_epi32(flags.max_enc, enc);
-  } else {
-    const __mmask16 tiny = _mm512_cmplt_epi32_mask(a, splat(T::kMinNormal));
-    const auto not_tiny = static_cast<__mmask16>(~tiny);
-    result = _mm512_mask_mov_epi32(result, tiny, sign);
-    flags.inexact = _mm512_mask_or_epi32(flags.inexact, not_tiny, flags.inexact, rem);
-    flags.flush = _mm512_mask_or_epi32(flags.flush, tiny, flags.flush, a);
-    flags.max_enc = _mm512_mask_max_epi32(flags.max_enc, not_tiny, flags.max_enc, enc);
-  }
-  return result;
-}
-
-template <Rounding Mode, Overflow Policy, bool Subnormals>
-inline bool bf16_vector(__m512i x, __m512i r, VectorFlags& flags, __m512i& result) {
-  const __m512i a = _mm512_and_si512(x, splat(0x7FFFFFFF));
-  if (_mm512_cmpgt_epi32_mask(a, splat(0x7F7FFFFF)) != 0) return false;
-  __m512i c;
-  if constexpr (Mode == Rounding::rne)
-    c = _mm512_add_epi32(splat(0x7FFF), _mm512_and_si512(_mm512_srli_epi32(a, 16), splat(1)));
-  else
-    c = _mm512_xor_si512(r, splat(0xFFFF));
-  const __m512i enc = _mm512_srli_epi32(_mm512_add_epi32(a, c), 16);
-  const __m512i rem = _mm512_and_si512(a, splat(0xFFFF));
-  __m512i tiny_rem = _mm512_setzero_si512();
-  if constexpr (Subnormals) tiny_rem = _mm512_maskz_mov_epi32(_mm512_cmplt_epi32_mask(a, splat(Bf16::kMinNormal)), rem);
-  result = finish<Bf16, Policy, Subnormals>(x, a, enc, rem, tiny_rem, flags);
-  return true;
-}
-
-template <Overflow Policy, bool Subnormals, bool Ties>
-inline bool fp16_sr_vector(__m512i x, __m512i r, VectorFlags& flags, __m512i& result) {
-  const __m512i a = _mm512_and_si512(x, splat(0x7FFFFFFF));
-  __mmask16 rare = _mm512_cmpgt_epi32_mask(a, splat(0x7F7FFFFF));
-  __m512i kept, rem, f16, tiny_rem = _mm512_setzero_si512();
-  if constexpr (Subnormals) {
-    const __m512i exponent = _mm512_srli_epi32(a, 23);
-    const __m512i c = _mm512_min_epi32(_mm512_max_epi32(_mm512_sub_epi32(exponent, splat(1)), _mm512_setzero_si512()),
-                                       splat(112));
-    const __m512i v = _mm512_sub_epi32(a, _mm512_slli_epi32(c, 23));
-    const __m512i s = _mm512_sub_epi32(splat(125), c);
-    const __m512i d = _mm512_sub_epi32(splat(112), c);
-    kept = _mm512_srlv_epi32(v, s);
-    rem = _mm512_andnot_si512(_mm512_sllv_epi32(splat(~0u), s), v);
-    f16 = _mm512_srlv_epi32(_mm512_slli_epi32(rem, 3), d);
-    tiny_rem = _mm512_min_epu32(rem, d);
-  } else {
-    const __m512i v = _mm512_sub_epi32(a, splat(Fp16::kRebias));
-    kept = _mm512_srli_epi32(v, Fp16::kDrop);
-    rem = _mm512_and_si512(v, splat((1u << Fp16::kDrop) - 1));
-    f16 = _mm512_slli_epi32(rem, 16 - Fp16::kDrop);
-  }
-  if constexpr (Ties) rare = static_cast<__mmask16>(rare | _mm512_cmpeq_epi32_mask(f16, r));
-  if (rare != 0) return false;
-  const __m512i enc = _mm512_mask_add_epi32(kept, _mm512_cmpgt_epi32_mask(f16, r), kept, splat(1));
-  result = finish<Fp16, Policy, Subnormals>(x, a, enc, rem, tiny_rem, flags);
-  return true;
-}
-
-template <class Out, class T>
-inline void store_patterns(Out* out, __m512i p) {
-  if constexpr (std::is_same_v<Out, float> && T::kSameRange) {
-    _mm512_storeu_si512(out, _mm512_slli_epi32(p, 16));
-  } else {
-    const __m256i packed = _mm512_cvtepi32_epi16(p);  // patterns fit in 16 bits
-    if constexpr (std::is_same_v<Out, float>)
-      _mm512_storeu_ps(out, _mm512_cvtph_ps(packed));
-    else
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), packed);
-  }
-}
-
-// As the AVX2 round_tile below, on vectors of sixteen ([begin, end) multiples of 16);
-// returns the flags raised.
-template <class Out, class T, Rounding Mode, Overflow Policy, bool Subnormals, bool Ties>
-std::uint32_t round_tile(const HalfRounding& how, const float* in, Out* out, const std::uint32_t* words,
-                         std::uint32_t low, std::uint64_t first, int begin, int end) {
-  static_assert(kTile / 16 == 32, "one bit per vector of the tile");
-  const __m512i low2 = splat(low | (low << 16));
-  const __m512i zero = _mm512_setzero_si512();
-  VectorFlags flags{zero, zero, zero, zero};
-  std::uint32_t refused = 0;  // bit j / 16: the vector at j
-  std::uint32_t portable_flags = 0;
-  for (int j = begin; j < end; j += 16) {
-    prefetch(in + j + kTile);
-    prefetch_for_write(out + j + kTile);
-    const __m512i x = _mm512_loadu_si512(in + j);
-    __m512i r = _mm512_setzero_si512();
-    if constexpr (Mode == Rounding::sr) {
-      // Elements 0..255 take the low halves of the words, 256..511 the high halves.
-      const __m512i w = _mm512_or_si512(_mm512_load_si512(words + j % kWordsPerTile), low2);
-      r = j < kWordsPerTile ? _mm512_and_si512(w, splat(0xFFFF)) : _mm512_srli_epi32(w, 16);
-    }
-    __m512i p;
-    bool vectorised;
-    if constexpr (std::is_same_v<T, Bf16>)
-      vectorised = bf16_vector<Mode, Policy, Subnormals>(x, r, flags, p);
-    else
-      vectorised = fp16_sr_vector<Policy, Subnormals, Ties>(x, r, flags, p);
-    if (vectorised) [[likely]]
-      store_patterns<Out, T>(out + j, p);
-    else
-      refused |= 1u << (j / 16);
-  }
-  for (; refused != 0; refused &= refused - 1)
-    portable_group<Out, T, Mode, Policy, Subnormals>(how, first, in, out, words, 16 * std::countr_zero(refused), 16,
-                                                     portable_flags);
-  return flags.raised<T, Policy>() | portable_flags;
-}
-
-}  // namespace wide
 #endif  // EMU_CONVERT_AVX2
 
 #pragma GCC diagnostic pop
@@ -661,11 +783,9 @@ Flags run_scalar(const HalfRounding& how, const float* in, Out* out, std::size_t
 }
 
 #ifdef EMU_CONVERT_AVX2
-// ---- The AVX2 kernels: eight elements per vector, branch-free over the finite lane
-// classes (normal, subnormal, zero, overflowing results) by masks and blends; a vector
-// with an inf or NaN lane, or with a tie candidate, goes to the portable kernel.
-
-inline __m256i splat(std::uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); }
+// ---- The AVX2 and F16C kernels, eight elements per vector: fp16 rne by the hardware
+// conversion; the others by the vector kernels above, on AVX2 or (run_vector) on
+// AVX-512F.
 
 // fp16 rne with the hardware conversion, which is exact IEEE round-to-nearest-even with
 // subnormals and infinities (imm8 rounding, MXCSR default: no DAZ). Integer masks add
@@ -744,252 +864,102 @@ Flags run_fp16_rne_f16c(const float* in, Out* out, std::size_t n) {
   return static_cast<Flags>(flags);
 }
 
-// Flags of many vectors, accumulated lane-wise: a lane that ends non-zero raises.
-struct VectorFlags {
-  __m256i inexact = _mm256_setzero_si256();  // OR of rem (INEXACT)
-  __m256i uflo = _mm256_setzero_si256();     // OR of the rem of tiny lanes (UFLO), subnormals on
-  __m256i flush = _mm256_setzero_si256();    // OR of |x| of tiny lanes (UFLO, INEXACT), subnormals off
-  __m256i max_enc = _mm256_setzero_si256();  // the largest rounded magnitude: OFLO when above max
+// The vector kernels' instruction set (see round_tile_body) on eight lanes; masks are
+// vectors of all-ones or zero lanes.
+struct Avx2 {
+  using Vec = __m256i;
+  using Mask = __m256i;
+  static constexpr int kLanes = 8;
 
-  template <class T, Overflow Policy>
-  std::uint32_t raised() const {
-    auto any = [](__m256i v) { return !_mm256_testz_si256(v, v); };
-    std::uint32_t flags = 0;
-    if (any(inexact)) flags |= kInexact;
-    if (any(uflo)) flags |= kUflo;
-    if (any(flush)) flags |= kUflo | kInexact;
-    if (any(_mm256_cmpgt_epi32(max_enc, splat(T::kMax))))
-      flags |= kOflo | kInexact | (Policy == Overflow::nan ? kInv : 0u);
-    return flags;
+  static Vec splat(std::uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); }
+  static Vec zero() { return _mm256_setzero_si256(); }
+  static Vec load(const float* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static Vec load_aligned(const std::uint32_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+  static void store(float* p, Vec v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+  // The lanes' low 16 bits (patterns below 2^16: the unsigned saturation of the pack
+  // keeps them), as they are or as the float32 values of fp16 patterns (F16C: exact).
+  static __m128i low_halves(Vec v) {
+    return _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  }
+  static void store_low_halves(std::uint16_t* p, Vec v) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), low_halves(v));
+  }
+  static void store_fp16_as_floats(float* p, Vec v) { _mm256_storeu_ps(p, _mm256_cvtph_ps(low_halves(v))); }
+
+  static Vec bit_and(Vec a, Vec b) { return _mm256_and_si256(a, b); }
+  static Vec bit_or(Vec a, Vec b) { return _mm256_or_si256(a, b); }
+  static Vec bit_xor(Vec a, Vec b) { return _mm256_xor_si256(a, b); }
+  static Vec and_not(Vec a, Vec b) { return _mm256_andnot_si256(a, b); }  // ~a & b
+  static Vec add(Vec a, Vec b) { return _mm256_add_epi32(a, b); }
+  static Vec sub(Vec a, Vec b) { return _mm256_sub_epi32(a, b); }
+  static Vec shift_left(Vec v, int n) { return _mm256_slli_epi32(v, n); }
+  static Vec shift_right(Vec v, int n) { return _mm256_srli_epi32(v, n); }
+  static Vec shift_left_each(Vec v, Vec n) { return _mm256_sllv_epi32(v, n); }
+  static Vec shift_right_each(Vec v, Vec n) { return _mm256_srlv_epi32(v, n); }
+  static Vec min(Vec a, Vec b) { return _mm256_min_epi32(a, b); }
+  static Vec max(Vec a, Vec b) { return _mm256_max_epi32(a, b); }
+  static Vec min_unsigned(Vec a, Vec b) { return _mm256_min_epu32(a, b); }
+
+  static Mask greater(Vec a, Vec b) { return _mm256_cmpgt_epi32(a, b); }  // signed
+  static Mask equal(Vec a, Vec b) { return _mm256_cmpeq_epi32(a, b); }
+  static Mask either(Mask a, Mask b) { return _mm256_or_si256(a, b); }
+  static bool any(Mask m) { return !_mm256_testz_si256(m, m); }
+  static bool any_nonzero(Vec v) { return !_mm256_testz_si256(v, v); }
+  static Vec select(Mask m, Vec if_set, Vec if_clear) { return _mm256_blendv_epi8(if_clear, if_set, m); }
+  static Vec keep_where(Mask m, Vec v) { return _mm256_and_si256(m, v); }  // 0 where m is clear
+  static Vec increment_where(Mask m, Vec v) { return _mm256_sub_epi32(v, m); }  // m's lanes are -1 or 0
+  static Vec or_where(Mask m, Vec acc, Vec v) { return _mm256_or_si256(acc, _mm256_and_si256(m, v)); }
+  static Vec or_unless(Mask m, Vec acc, Vec v) { return _mm256_or_si256(acc, _mm256_andnot_si256(m, v)); }
+  // acc is never negative (VectorFlags::max_enc), so the 0 of a masked lane changes nothing.
+  static Vec max_unless(Mask m, Vec acc, Vec v) { return _mm256_max_epi32(acc, _mm256_andnot_si256(m, v)); }
+
+  // The kernel of one tile and the random words, compiled for the build's AVX2.
+  template <class Out, class T, Rounding Mode, Overflow Policy, bool Subnormals, bool Ties>
+  static std::uint32_t round_tile(const HalfRounding& how, const float* in, Out* out, const std::uint32_t* words,
+                                  std::uint32_t low, std::uint64_t first, int begin, int end) {
+    return round_tile_body<Avx2, Out, T, Mode, Policy, Subnormals, Ties>(how, in, out, words, low, first, begin, end);
+  }
+  static void philox_tile(const StreamId& id, std::uint64_t first_block, std::uint32_t* words) {
+    philox_tile_avx2(id, first_block, words);
   }
 };
 
-// What all finite lanes need once the rounded magnitude enc (the target's pattern,
-// possibly beyond max) and the discarded bits rem are known:
-//  1. The overflow policy on enc > max: inf: min(enc, inf pattern); saturate: min(enc,
-//     max); nan: the positive quiet NaN. Then the sign.
-//  2. Subnormals off: tiny lanes (|x| < min normal; their enc has wrapped around) become
-//     signed zero.
-//  3. Flags: INEXACT from rem (not of tiny lanes with subnormals off); UFLO from
-//     `tiny_rem` (non-zero iff tiny and inexact) or, subnormals off, from tiny non-zero
-//     |x|; OFLO from the largest enc.
-template <class T, Overflow Policy, bool Subnormals>
-inline __m256i finish(__m256i x, __m256i a, __m256i enc, __m256i rem, __m256i tiny_rem, VectorFlags& flags) {
-  const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(x, 16), splat(T::kSign));
-  __m256i result;
-  if constexpr (Policy == Overflow::inf)
-    result = _mm256_or_si256(sign, _mm256_min_epi32(enc, splat(T::kInf)));
-  else if constexpr (Policy == Overflow::saturate)
-    result = _mm256_or_si256(sign, _mm256_min_epi32(enc, splat(T::kMax)));
-  else  // positive, as emu::round
-    result = _mm256_blendv_epi8(_mm256_or_si256(sign, enc), splat(T::kNaN), _mm256_cmpgt_epi32(enc, splat(T::kMax)));
-  if constexpr (Subnormals) {
-    flags.inexact = _mm256_or_si256(flags.inexact, rem);
-    flags.uflo = _mm256_or_si256(flags.uflo, tiny_rem);
-    flags.max_enc = _mm256_max_epi32(flags.max_enc, enc);
-  } else {
-    const __m256i tiny = _mm256_cmpgt_epi32(splat(T::kMinNormal), a);
-    result = _mm256_blendv_epi8(result, sign, tiny);
-    flags.inexact = _mm256_or_si256(flags.inexact, _mm256_andnot_si256(tiny, rem));
-    flags.flush = _mm256_or_si256(flags.flush, _mm256_and_si256(tiny, a));
-    flags.max_enc = _mm256_max_epi32(flags.max_enc, _mm256_andnot_si256(tiny, enc));
-  }
-  return result;
-}
-
-// bf16, rne or sr: |x|'s pattern a has exactly 16 discarded bits (float32 subnormals
-// give bf16 subnormals by the same shift), so rounding is adding a 16-bit c to a and
-// keeping the top half: the sum carries into the kept bits exactly when the magnitude
-// rounds up.
-//   rne: c = 0x7FFF + (kept & 1): carries iff rem > 1/2 ulp, or rem == 1/2 and kept odd.
-//   sr:  c = 0xFFFF - r (r with the low bits filled): carries iff rem > r, i.e. r < F16.
-// a + c stays below 2^31 for finite a, and enc = (a + c) >> 16 is at most the inf pattern.
-// Returns false (having accumulated nothing) when a lane is inf or NaN.
-template <Rounding Mode, Overflow Policy, bool Subnormals>
-inline bool bf16_vector(__m256i x, __m256i r, VectorFlags& flags, __m256i& result) {
-  const __m256i a = _mm256_and_si256(x, splat(0x7FFFFFFF));
-  const __m256i special = _mm256_cmpgt_epi32(a, splat(0x7F7FFFFF));
-  if (!_mm256_testz_si256(special, special)) return false;
-  __m256i c;
-  if constexpr (Mode == Rounding::rne)
-    c = _mm256_add_epi32(splat(0x7FFF), _mm256_and_si256(_mm256_srli_epi32(a, 16), splat(1)));
-  else
-    c = _mm256_xor_si256(r, splat(0xFFFF));
-  const __m256i enc = _mm256_srli_epi32(_mm256_add_epi32(a, c), 16);
-  const __m256i rem = _mm256_and_si256(a, splat(0xFFFF));
-  __m256i tiny_rem = _mm256_setzero_si256();
-  if constexpr (Subnormals) tiny_rem = _mm256_and_si256(_mm256_cmpgt_epi32(splat(Bf16::kMinNormal), a), rem);
-  result = finish<Bf16, Policy, Subnormals>(x, a, enc, rem, tiny_rem, flags);
-  return true;
-}
-
-// fp16 sr. Subnormals off: like bf16 with 13 discarded bits (a - kRebias is the target's
-// pattern scaled by 2^13; tiny lanes wrap around and are flushed by finish). Subnormals
-// on, one formula for every finite lane, with AVX2's per-lane shifts (a count of 32 or
-// more gives 0, which the formulas below rely on):
-//  1. c = min(max(exponent - 1, 0), 112): v = a - c 2^23 is the target's pattern scaled
-//     by 2^13 for normal results (c = 112 = 127 - 15), and the significand with its
-//     hidden bit for subnormal ones, with s = 125 - c discarded bits (13 + d, d = 112 - c
-//     binades below 2^-14; float32 subnormals scale as exponent 1).
-//  2. kept = v >> s, rem = v's low s bits; F16 = (rem << 3) >> d (rem < 2^24: no bit
-//     lost to the left shift).
-//  3. up iff r < F16 (r with the low bits filled for sr_bits 1..15); enc = kept + up (a
-//     carry into the exponent field is the right result: the next binade, or the min
-//     normal from the largest subnormal).
-//  4. min(rem, d) is non-zero iff the lane is tiny (d > 0) and inexact: UFLO.
-// Returns false (having accumulated nothing) when a lane is inf or NaN or, with Ties, has
-// r == F16 (it may need the tie-break; probability 2^-16 per lane).
-template <Overflow Policy, bool Subnormals, bool Ties>
-inline bool fp16_sr_vector(__m256i x, __m256i r, VectorFlags& flags, __m256i& result) {
-  const __m256i a = _mm256_and_si256(x, splat(0x7FFFFFFF));
-  __m256i rare = _mm256_cmpgt_epi32(a, splat(0x7F7FFFFF));
-  __m256i kept, rem, f16, tiny_rem = _mm256_setzero_si256();
-  if constexpr (Subnormals) {
-    const __m256i exponent = _mm256_srli_epi32(a, 23);
-    const __m256i c = _mm256_min_epi32(_mm256_max_epi32(_mm256_sub_epi32(exponent, splat(1)), _mm256_setzero_si256()),
-                                       splat(112));
-    const __m256i v = _mm256_sub_epi32(a, _mm256_slli_epi32(c, 23));
-    const __m256i s = _mm256_sub_epi32(splat(125), c);
-    const __m256i d = _mm256_sub_epi32(splat(112), c);
-    kept = _mm256_srlv_epi32(v, s);
-    rem = _mm256_andnot_si256(_mm256_sllv_epi32(splat(~0u), s), v);
-    f16 = _mm256_srlv_epi32(_mm256_slli_epi32(rem, 3), d);
-    tiny_rem = _mm256_min_epu32(rem, d);
-  } else {
-    const __m256i v = _mm256_sub_epi32(a, splat(Fp16::kRebias));
-    kept = _mm256_srli_epi32(v, Fp16::kDrop);
-    rem = _mm256_and_si256(v, splat((1u << Fp16::kDrop) - 1));
-    f16 = _mm256_slli_epi32(rem, 16 - Fp16::kDrop);
-  }
-  if constexpr (Ties) rare = _mm256_or_si256(rare, _mm256_cmpeq_epi32(f16, r));
-  if (!_mm256_testz_si256(rare, rare)) return false;
-  // Both sides below 2^16: the signed comparison is the unsigned one.
-  const __m256i enc = _mm256_sub_epi32(kept, _mm256_cmpgt_epi32(f16, r));
-  result = finish<Fp16, Policy, Subnormals>(x, a, enc, rem, tiny_rem, flags);
-  return true;
-}
-
-// Stores the eight patterns of p (32-bit lanes) as Out at `out`.
-template <class Out, class T>
-inline void store_patterns(Out* out, __m256i p) {
-  if constexpr (std::is_same_v<Out, float> && T::kSameRange) {
-    // bf16 values are their patterns in the top half of a float32.
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_slli_epi32(p, 16));
-  } else {
-    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-    if constexpr (std::is_same_v<Out, float>)
-      _mm256_storeu_ps(out, _mm256_cvtph_ps(packed));
-    else
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out), packed);
-  }
-}
-
-// One tile (elements [begin, end) of kTile from `in`, multiples of 8; index of in[0] =
-// `first`, random words `words`, `low2` = the low-bit filler in both halves of a word).
-// Vectors that the vector kernels refuse are left unwritten and redone by the portable
-// kernel after the loop, so that the loop itself has no call (a call would make every
-// vector register caller-saved: gcc then keeps the accumulators in memory and rebuilds
-// the constants in every iteration, about 1.5x slower). A vector's results are stored
-// after it is loaded and the refused ones are not stored at all: `out` may be `in`.
-template <class Out, class T, Rounding Mode, Overflow Policy, bool Subnormals, bool Ties>
-void round_tile(const HalfRounding& how, const float* in, Out* out, const std::uint32_t* words, __m256i low2,
-                std::uint64_t first, int begin, int end, VectorFlags& tile_flags, std::uint32_t& portable_flags) {
-  static_assert(kTile / 8 == 64, "one bit per vector of the tile");
-  // A local copy lives in registers: __m256i may alias the stores to `out`, which would
-  // keep the caller's accumulators in memory, a store-to-load chain per vector.
-  VectorFlags flags = tile_flags;
-  std::uint64_t refused = 0;  // bit j / 8: the vector at j
-  // Elements 0..255 take the low halves of the words, 256..511 the high halves.
-  auto random_bits = [&](int j, auto high) {
-    if constexpr (Mode == Rounding::sr) {
-      const __m256i w =
-          _mm256_or_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(words + j % kWordsPerTile)), low2);
-      return high ? _mm256_srli_epi32(w, 16) : _mm256_and_si256(w, splat(0xFFFF));
-    } else {
-      return _mm256_setzero_si256();
-    }
-  };
-  auto half = [&](auto high) {
-    const int stop = std::min(end, high ? kTile : kWordsPerTile);
-    for (int j = std::max(begin, high ? kWordsPerTile : 0); j < stop; j += 8) {
-      // The next tile's lines: with this much work per element, the hardware
-      // prefetchers alone leave the loop waiting for memory (about 2x slower on arrays
-      // beyond the caches).
-      prefetch(in + j + kTile);
-      prefetch_for_write(out + j + kTile);
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + j));
-      const __m256i r = random_bits(j, high);
-      __m256i p;
-      bool vectorised;
-      if constexpr (std::is_same_v<T, Bf16>) {
-        vectorised = bf16_vector<Mode, Policy, Subnormals>(x, r, flags, p);
-      } else {
-        static_assert(Mode == Rounding::sr, "fp16 rne takes run_fp16_rne_f16c");
-        vectorised = fp16_sr_vector<Policy, Subnormals, Ties>(x, r, flags, p);
-      }
-      if (vectorised) [[likely]]
-        store_patterns<Out, T>(out + j, p);
-      else
-        refused |= std::uint64_t{1} << (j / 8);
-    }
-  };
-  half(std::false_type{});
-  half(std::true_type{});
-  tile_flags = flags;
-  for (; refused != 0; refused &= refused - 1)
-    portable_group<Out, T, Mode, Policy, Subnormals>(how, first, in, out, words, 8 * std::countr_zero(refused), 8,
-                                                     portable_flags);
-}
-
-// The whole array, tile by tile, with eight lanes (AVX2) or sixteen (AVX-512F, `wide`,
-// which also makes the random words).
-// A tile that the array covers only in part (at most the first and the last) goes
-// through a local copy, its vectors padded with zeros (which raise nothing).
-template <class Out, class T, Rounding Mode, Overflow Policy, bool Subnormals, bool Ties>
-Flags run_vector(const HalfRounding& how, const float* in, Out* out, std::size_t n, std::uint64_t first_index,
-                 bool wide) {
+// The whole array, tile by tile, with Isa's kernels and random words. A tile that the
+// array covers only in part (at most the first and the last) goes through a local copy,
+// its vectors padded with zeros (which raise nothing).
+template <class Isa, class Out, class T, Rounding Mode, Overflow Policy, bool Subnormals, bool Ties>
+Flags run_vector(const HalfRounding& how, const float* in, Out* out, std::size_t n, std::uint64_t first_index) {
+  constexpr int kLanes = Isa::kLanes;
   const std::uint32_t low = controls_for(how).low;
-  const __m256i low2 = splat(low | (low << 16));
-  VectorFlags flags;
-  std::uint32_t other_flags = 0;  // of the AVX-512F tiles and of the groups that took the portable kernel
+  std::uint32_t flags = 0;
   alignas(64) std::uint32_t words[kWordsPerTile];
   alignas(64) float local_in[kTile];
   alignas(64) Out local_out[kTile];
-  const int lanes = wide ? 16 : 8;
-  auto round_tile_with = [&](const float* tile_in, Out* tile_out, std::uint64_t tile_first, int begin, int end) {
-    if (wide)
-      other_flags |= wide::round_tile<Out, T, Mode, Policy, Subnormals, Ties>(how, tile_in, tile_out, words, low,
+  auto round_tile = [&](const float* tile_in, Out* tile_out, std::uint64_t tile_first, int begin, int end) {
+    flags |= Isa::template round_tile<Out, T, Mode, Policy, Subnormals, Ties>(how, tile_in, tile_out, words, low,
                                                                              tile_first, begin, end);
-    else
-      round_tile<Out, T, Mode, Policy, Subnormals, Ties>(how, tile_in, tile_out, words, low2, tile_first, begin, end,
-                                                          flags, other_flags);
   };
   std::size_t done = 0;
   while (done < n) {
     const std::uint64_t index = first_index + done;
     const std::size_t offset = static_cast<std::size_t>(index % kTile);  // within the tile
     const std::size_t count = std::min<std::size_t>(kTile - offset, n - done);
-    if constexpr (Mode == Rounding::sr) {
-      if (wide)
-        philox_tile_avx512(how.stream(), index / kTile * kBlocksPerTile, words);
-      else
-        philox_tile_avx2(how.stream(), index / kTile * kBlocksPerTile, words);
-    }
+    if constexpr (Mode == Rounding::sr) Isa::philox_tile(how.stream(), index / kTile * kBlocksPerTile, words);
     const std::uint64_t tile_first = index - offset;
     if (count == kTile) {
-      round_tile_with(in + done, out + done, tile_first, 0, kTile);
+      round_tile(in + done, out + done, tile_first, 0, kTile);
     } else {
       // Only the vectors that hold the array's elements.
-      const int begin = static_cast<int>(offset) / lanes * lanes;
-      const int end = (static_cast<int>(offset + count) + lanes - 1) / lanes * lanes;
+      const int begin = static_cast<int>(offset) / kLanes * kLanes;
+      const int end = (static_cast<int>(offset + count) + kLanes - 1) / kLanes * kLanes;
       std::fill(local_in + begin, local_in + end, 0.0f);
       std::copy(in + done, in + done + count, local_in + offset);
-      round_tile_with(local_in, local_out, tile_first, begin, end);
+      round_tile(local_in, local_out, tile_first, begin, end);
       std::copy(local_out + offset, local_out + offset + count, out + done);
     }
     done += count;
   }
-  return static_cast<Flags>(flags.raised<T, Policy>() | other_flags);
+  return static_cast<Flags>(flags);
 }
 #endif  // EMU_CONVERT_AVX2
 
@@ -1018,13 +988,16 @@ Flags run(Kernels kernels, const HalfRounding& how, const float* in, Out* out, s
     if constexpr (std::is_same_v<T, Fp16> && Mode == Rounding::rne) {
       return run_fp16_rne_f16c<Out, Policy, Subnormals>(in, out, n);
     } else {
-      const bool wide = kernels == Kernels::avx512;
-      // Ties need the tie-break only for fp16 with subnormal results and sr_bits 0 or > 16.
-      if constexpr (std::is_same_v<T, Fp16> && Mode == Rounding::sr && Subnormals) {
-        if (controls_for(how).tie_mask != 0)
-          return run_vector<Out, T, Mode, Policy, Subnormals, true>(how, in, out, n, first_index, wide);
-      }
-      return run_vector<Out, T, Mode, Policy, Subnormals, false>(how, in, out, n, first_index, wide);
+      auto with = [&](auto isa) {
+        using Isa = decltype(isa);
+        // Ties need the tie-break only for fp16 with subnormal results and sr_bits 0 or > 16.
+        if constexpr (std::is_same_v<T, Fp16> && Mode == Rounding::sr && Subnormals) {
+          if (controls_for(how).tie_mask != 0)
+            return run_vector<Isa, Out, T, Mode, Policy, Subnormals, true>(how, in, out, n, first_index);
+        }
+        return run_vector<Isa, Out, T, Mode, Policy, Subnormals, false>(how, in, out, n, first_index);
+      };
+      return kernels == Kernels::avx512 ? with(Avx512{}) : with(Avx2{});
     }
   }
 #endif

@@ -1669,7 +1669,7 @@ def figures(results):
     file (<stem>_<suffix>.png). Each Figure has roundoff_caption (a sentence for a report)
     and roundoff_nonfinite: (header, point lines, how drawn) for each metric or trace with
     inf or NaN results. ValueError when no run is written."""
-    results = _results._results(results)
+    results = _results.load(results)
     if not results.done_replicas.any():
         raise ValueError("%s: no finished points to plot" % results.path)
     with warnings.catch_warnings():
@@ -1691,7 +1691,7 @@ def save(results, out_dir=None, log=None):
     """Writes every figure as <out_dir>/<stem>_<suffix>.png (out_dir: default the results
     file's folder, created if missing); returns the paths. The points with inf or NaN
     results are listed on `log` (default stderr)."""
-    results = _results._results(results)
+    results = _results.load(results)
     out_dir = out_dir or os.path.dirname(os.path.abspath(results.path))
     os.makedirs(out_dir, exist_ok=True)
     stem = os.path.splitext(os.path.basename(results.path))[0]

@@ -193,7 +193,7 @@ def _provenance(results, points):
 
 def html_page(source):
     """The report of a sweep output (a path or a Results) as one HTML string."""
-    results = _results._results(source)
+    results = _results.load(source)
     points = results.written_points()
     if not points:
         raise ValueError("%s: no finished points to report" % results.path)
@@ -226,7 +226,7 @@ def write(source, out=None):
     """Writes the report of a sweep output (a path or a Results) to `out` (default: the
     results file with .html); returns the path. ValueError: not a sweep output, or no
     finished points."""
-    results = _results._results(source)
+    results = _results.load(source)
     out = out or os.path.splitext(results.path)[0] + ".html"
     page = html_page(results)
     with open(out, "w", encoding="utf-8") as f:

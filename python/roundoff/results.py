@@ -10,8 +10,9 @@ pandas DataFrames: `table` (runs), `trace_table` (one trace, long form), `counts
 and `traps_table` (the floating-point exceptions a sweep with `fp_exceptions: count` or
 `trap` recorded). `dataset` is an xarray Dataset whose dimensions are the parameters
 that vary over the grid, plus `replica` (and a trace's x axis for its traces).
-`plot` draws the experiment's figures (roundoff.plot). Every function takes a path or a
-Results. From a shell:
+Every function takes a path or a Results (`load` turns either into a Results); the
+figures are roundoff.plot's, which imports this module (never the other way). From a
+shell:
 
     /usr/bin/python3 -m roundoff.results results/swamping.h5 [--counts | --traps]
 """
@@ -133,7 +134,9 @@ def _column(dataset):
     return dataset[...]
 
 
-def _results(source):
+def load(source):
+    """A Results from a path (read by `open`) or a Results (returned as it is): what every
+    function here, roundoff.plot's and roundoff.report's take."""
     if isinstance(source, Results):
         return source
     return open(source)
@@ -143,7 +146,7 @@ def table(source):
     """Tidy table of the written runs: one row per (point, replica), columns point,
     replica, every parameter, every metric (a metric whose name is taken by a parameter
     gets the prefix "metric_")."""
-    result = _results(source)
+    result = load(source)
     rows, replica = np.nonzero(result.done_replicas)  # row-major: by point, then replica
     columns = {"point": rows, "replica": replica}
     for name, values in result.points.items():
@@ -159,7 +162,7 @@ def trace_table(source, name):
     columns point, replica, every parameter, x (named by the trace's x_name: step,
     log2_bin, ...; "x_" prefixed where a parameter has that name) and the value (named
     after the trace). NaN padding is left out. KeyError names the traces there are."""
-    result = _results(source)
+    result = load(source)
     if name not in result.traces:
         raise KeyError("%s: no trace %r (traces: %s)" % (result.path, name, ", ".join(result.traces) or "none"))
     x, y = result.traces[name]
@@ -183,7 +186,7 @@ def dataset(source):
     the variable <trace>_x."""
     import xarray  # lazily: only this function needs it
 
-    result = _results(source)
+    result = load(source)
     points = result.written_points()
     dims = [name for name in result.varying() if name not in ("replica",)]
     levels = [list(dict.fromkeys(result.points[name][points].tolist())) for name in dims]
@@ -282,7 +285,7 @@ def counts_table(source):
     Columns point, replica, every parameter, scope, op, flag, count, first_element (flat
     index, -1 if none), first_index (tuple, () if unknown), first_operands (tuple),
     first_result."""
-    result = _results(source)
+    result = load(source)
     names = ("scope", "op", "flag", "count", "first_element", "first_index", "first_operands", "first_result")
     c = result.fp_counts
     if not c or c["count"].size == 0:
@@ -302,7 +305,7 @@ def traps_table(source):
     trapped run of the finished runs, by point then replica. Columns point, replica,
     every parameter, flag, scope, op, element (flat index, -1 if none), index (tuple),
     operands (tuple), result (the would-be result), fp_sts and report (one line of text)."""
-    result = _results(source)
+    result = load(source)
     names = ("flag", "scope", "op", "element", "index", "operands", "result", "fp_sts", "report")
     t = result.traps
     if not t:
@@ -320,7 +323,7 @@ def failures_table(source):
     not done: one row per run, by point then replica (the file's /failures; empty when it has
     none). Columns point, replica, every parameter, message (the exception, one line) and
     traceback."""
-    result = _results(source)
+    result = load(source)
     with h5py.File(result.path, "r") as f:
         rows = ({name: _column(f["failures"][name]) for name in ("point", "replica", "message", "traceback")}
                 if "failures" in f else {})
@@ -328,13 +331,6 @@ def failures_table(source):
     replica = rows.get("replica", np.array([], dtype=np.int64))
     columns = {name: rows.get(name, np.array([], dtype=object)) for name in ("message", "traceback")}
     return pandas.DataFrame(_with_params(result, (point, replica), columns))
-
-
-def plot(source, out_dir=None):
-    """Draws the experiment's figures (roundoff.plot) as files in out_dir (default: the
-    results file's folder); returns their paths."""
-    from . import plot as figures
-    return figures.save(_results(source), out_dir)
 
 
 TABLES = {"": table, "--counts": counts_table, "--traps": traps_table, "--failures": failures_table}

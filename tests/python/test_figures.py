@@ -318,8 +318,8 @@ def test_block_quant_norm_stats_overflow_hunt(sweeps):
     assert "max_abs" in figs
 
 
-def test_save_and_results_plot(sweeps, tmp_path):
-    paths = rr.plot(sweeps["swamping"], str(tmp_path / "plots"))
+def test_save(sweeps, tmp_path):
+    paths = rp.save(sweeps["swamping"], str(tmp_path / "plots"))  # a path, loaded by save
     names = sorted(os.path.basename(p) for p in paths)
     assert "swamping_trace.png" in names and "swamping_finals.png" in names
     for path in paths:

@@ -3,6 +3,7 @@ h5py directly), table() one row per (point, replica), trace_table() a trace in l
 dataset() the grid as xarray dimensions, counts_table() and traps_table() the counted and
 trapped floating-point exceptions (against numpy's float16 as the oracle), a shard's file,
 and `python3 -m roundoff.results` printing the tables."""
+import ast
 import os
 import subprocess
 import sys
@@ -46,6 +47,7 @@ def test_open_table_and_shard(tmp_path):
     path = run_sweep(folder, "r.yaml", CONFIG, "out.h5")
 
     result = rr.open(path)
+    assert rr.load(result) is result and rr.load(path).done_replicas.shape == (4, 3)
     assert result.attrs["status"] == "complete", result.attrs
     assert result.attrs["experiment"] == "swamping"
     assert result.attrs["config"] == CONFIG
@@ -240,3 +242,20 @@ def test_bad_files_are_value_errors_and_exit_2(tmp_path):
     with pytest.raises(ValueError, match="other.h5"):
         rr.open(tmp_path / "other.h5")
     assert module("--help").returncode == 2
+
+
+def test_imports_run_report_plot_results():
+    # No import circle, not even a deferred one inside a function: results imports
+    # neither plot nor report, plot imports results but not report.
+    def package_imports(module):
+        with open(module.__file__, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        found = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:  # from . import x, from .x import y
+                found |= {node.module.split(".")[0]} if node.module else {alias.name for alias in node.names}
+        return found
+    from roundoff import plot, report
+    assert not package_imports(rr) & {"plot", "report"}
+    assert "results" in package_imports(plot) and "report" not in package_imports(plot)
+    assert {"plot", "results"} <= package_imports(report)
