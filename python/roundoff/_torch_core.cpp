@@ -100,7 +100,10 @@ class MatrixView {
             const std::size_t row = static_cast<std::size_t>(by_columns_ ? p : b * p_ + p);
             const std::size_t col0 = static_cast<std::size_t>(by_columns_ ? b * q_ : 0);
             const py::ssize_t q1 = std::min(q0 + tile, q_);
-            if (!transpose) {
+            if (!transpose && sq_ == 1) {  // a contiguous run: a loop the compiler vectorises
+              double* dest = matrix + row * c + col0;
+              for (py::ssize_t q = q0; q < q1; ++q) move(dest[q], source[q]);
+            } else if (!transpose) {
               double* dest = matrix + row * c + col0;
               for (py::ssize_t q = q0; q < q1; ++q) move(dest[q], source[q * sq_]);
             } else {
