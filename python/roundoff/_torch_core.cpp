@@ -1,4 +1,4 @@
-// roundoff._core's TorchUnit, MatrixView and torch_round: the C++ half of roundoff.torch
+// roundoff._core's TorchUnit, MatrixView, torch_round and OptimizerKernel: the C++ half of roundoff.torch
 // (python/roundoff/torch/). One GEMM of an emulated layer per call, on the tensors' own
 // memory (numpy views of torch tensors, float32 or float64, any strides): the operands
 // are read once into the unit's double buffers, rounded into its input format as roundoff.matmul rounds them
@@ -13,6 +13,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -28,6 +29,7 @@
 #include "emu/convert.hpp"
 #include "emu/format.hpp"
 #include "emu/nearest.hpp"
+#include "emu/rng.hpp"
 #include "emu/round.hpp"
 #include "emu/unit.hpp"
 
@@ -98,7 +100,10 @@ class MatrixView {
             const std::size_t row = static_cast<std::size_t>(by_columns_ ? p : b * p_ + p);
             const std::size_t col0 = static_cast<std::size_t>(by_columns_ ? b * q_ : 0);
             const py::ssize_t q1 = std::min(q0 + tile, q_);
-            if (!transpose) {
+            if (!transpose && sq_ == 1) {  // a contiguous run: a loop the compiler vectorises
+              double* dest = matrix + row * c + col0;
+              for (py::ssize_t q = q0; q < q1; ++q) move(dest[q], source[q]);
+            } else if (!transpose) {
               double* dest = matrix + row * c + col0;
               for (py::ssize_t q = q0; q < q1; ++q) move(dest[q], source[q * sq_]);
             } else {
@@ -368,6 +373,185 @@ py::tuple round_tensor(const py::array& x, py::array& out, const std::string& fo
   return py::make_tuple(static_cast<int>(flags), counts_of(ctx));
 }
 
+// ---- the optimizers' update rules (python/roundoff/torch/_optim.py) ------------------------
+
+// The scalar operations of the update rules, each the exact result rounded once to
+// nearest into a format, as emu::Context computes it (train's Updater): NearestOps'
+// inline arithmetic where it applies and takes the operands, Context otherwise (NaN,
+// infinities, overflow, results at the edges of the format). Flags are not kept.
+class UpdateArith {
+ public:
+  UpdateArith() : fast_(emu::NearestOps::applies(ctx_)) {}
+  double add(const emu::Format& f, double a, double b) {
+    double r;
+    return fast_ && nearest_.add(f, a, b, r) ? r : ctx_.add(f, a, b);
+  }
+  double sub(const emu::Format& f, double a, double b) {
+    double r;
+    return fast_ && nearest_.sub(f, a, b, r) ? r : ctx_.sub(f, a, b);
+  }
+  double mul(const emu::Format& f, double a, double b) {
+    double r;
+    return fast_ && nearest_.mul(f, a, b, r) ? r : ctx_.mul(f, a, b);
+  }
+  double div(const emu::Format& f, double a, double b) {
+    double r;
+    return fast_ && nearest_.div(f, a, b, r) ? r : ctx_.div(f, a, b);
+  }
+  double fma(const emu::Format& f, double a, double b, double c) {
+    double r;
+    return fast_ && nearest_.fma(f, a, b, c, r) ? r : ctx_.fma(f, a, b, c);
+  }
+  double sqrt(const emu::Format& f, double a) {
+    double r;
+    return fast_ && nearest_.sqrt(f, a, r) ? r : ctx_.sqrt(f, a);
+  }
+  double convert(const emu::Format& f, double a) {
+    double r;
+    return fast_ && nearest_.convert(f, a, r) ? r : ctx_.convert(f, a);
+  }
+
+ private:
+  emu::Context ctx_;
+  emu::NearestOps nearest_;
+  bool fast_;
+};
+
+// A C-contiguous float32 array's elements (a numpy view of a float32 tensor).
+std::span<float> floats(const py::array& x, const char* name) {
+  if (!py::isinstance<py::array_t<float>>(x) || !(x.flags() & py::array::c_style) || !x.writeable())
+    throw std::invalid_argument(std::string(name) + ": a writeable C-contiguous float32 array expected");
+  return {static_cast<float*>(const_cast<py::array&>(x).mutable_data()), static_cast<std::size_t>(x.size())};
+}
+
+// a - b rounded to odd into double (the exact difference where it is a double): the
+// operand of fp16-sr's stochastic rounding.
+double difference_to_odd(double a, double b) {
+  const double s = a - b, bb = s - a;
+  const double error = (a - (s - bb)) + (-b - bb);  // TwoSum's: exact
+  if (error == 0 || std::isnan(error) || (std::bit_cast<std::uint64_t>(s) & 1) != 0) return s;
+  return std::nextafter(s, error > 0 ? INFINITY : -INFINITY);
+}
+
+// One optimizer's update rule (train's Updater) on float32 arrays shared with torch:
+// per element, in one pass, every operation rounded once (UpdateArith) and the
+// parameter's new value stored. The formats are fixed at construction, the
+// hyperparameters (already rounded into their formats) come with each step.
+class OptimizerKernel {
+ public:
+  OptimizerKernel(const std::string& update, const std::string& direction, const std::string& weight_format,
+                  const std::string& arith_format, const std::string& state_format, const std::string& master_format)
+      : rule_(rule_by_name(update)),
+        direction_(direction_by_name(direction)),
+        storage_(format_of(weight_format)),
+        arith_(format_of(arith_format)),
+        state_(format_of(state_format)),
+        master_(format_of(master_format)) {}
+
+  // The new parameter `w` from its gradient, updating the state arrays that the rule
+  // and direction have (the others None): `master` (fp32-master), `compensation`
+  // (fp16-kahan), `first` (momentum_buffer, exp_avg) and `second` (exp_avg_sq).
+  // lr, weight_decay (None: no decay term) and the coefficients, momentum (momentum) or
+  // beta1, 1 - beta1, beta2, 1 - beta2, 1 - beta1^t, 1 - beta2^t, eps (adam), are each a
+  // value of the format they are used in. sr_seed: fp16-sr's stream (emu::round in C
+  // order on one stream, as roundoff.round rounds a float64 array).
+  void step(const py::array& w_array, const py::array& grad_array, const std::optional<py::array>& master_array,
+            const std::optional<py::array>& compensation_array, const std::optional<py::array>& first_array,
+            const std::optional<py::array>& second_array, double lr, std::optional<double> weight_decay,
+            const std::vector<double>& coefficients, std::uint64_t sr_seed) const {
+    const std::span<float> w = floats(w_array, "w"), grad = floats(grad_array, "grad");
+    const auto optional_floats = [&](const std::optional<py::array>& a, bool wanted, const char* name) {
+      if (a.has_value() != wanted) throw std::invalid_argument(std::string(name) + (wanted ? ": expected" : ": unexpected"));
+      std::span<float> s = a ? floats(*a, name) : std::span<float>();
+      if (a && s.size() != w.size()) throw std::invalid_argument(std::string(name) + ": of w's size expected");
+      return s;
+    };
+    const std::span<float> master = optional_floats(master_array, rule_ == Rule::master, "master");
+    const std::span<float> compensation = optional_floats(compensation_array, rule_ == Rule::kahan, "compensation");
+    const std::span<float> first = optional_floats(first_array, direction_ != Direction::sgd, "first");
+    const std::span<float> second = optional_floats(second_array, direction_ == Direction::adam, "second");
+    const std::size_t wanted = direction_ == Direction::adam ? 7 : direction_ == Direction::momentum ? 1 : 0;
+    if (grad.size() != w.size() || coefficients.size() != wanted)
+      throw std::invalid_argument("OptimizerKernel.step: grad of w's size and " + std::to_string(wanted) +
+                                  " coefficients expected");
+    const std::vector<double>& c = coefficients;
+    const emu::Format &ws = storage_, &ar = arith_, &st = state_;
+    py::gil_scoped_release release;
+    UpdateArith op;
+    emu::Rng rng(emu::StreamId{sr_seed});
+    const emu::RoundSpec sr{emu::Rounding::sr, emu::Overflow::inf, 0, emu::Tininess::before};
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      double g = op.convert(ar, grad[i]);
+      if (weight_decay) g = op.fma(ar, *weight_decay, rule_ == Rule::master ? master[i] : w[i], g);
+      double d = g;
+      if (direction_ == Direction::momentum) {
+        first[i] = static_cast<float>(op.fma(st, c[0], first[i], g));
+        d = op.convert(ar, first[i]);
+      } else if (direction_ == Direction::adam) {
+        const double b1 = c[0], one_minus_b1 = c[1], b2 = c[2], one_minus_b2 = c[3], c1 = c[4], c2 = c[5], eps = c[6];
+        const double m = op.fma(st, b1, first[i], op.mul(st, one_minus_b1, g));
+        const double v = op.fma(st, b2, second[i], op.mul(st, one_minus_b2, op.mul(st, g, g)));
+        first[i] = static_cast<float>(m);
+        second[i] = static_cast<float>(v);
+        const double m_hat = op.div(ar, m, c1), v_hat = op.div(ar, v, c2);
+        d = op.div(ar, m_hat, op.add(ar, op.sqrt(ar, v_hat), eps));
+      }
+      const double delta = op.mul(ar, lr, d);
+      switch (rule_) {
+        case Rule::nearest: w[i] = static_cast<float>(op.sub(ws, w[i], delta)); break;
+        case Rule::stochastic: {
+          emu::Flags ignored = 0;
+          w[i] = static_cast<float>(emu::round(ws, difference_to_odd(w[i], delta), sr, &rng, ignored));
+          break;
+        }
+        case Rule::master:
+          master[i] = static_cast<float>(op.sub(master_, master[i], delta));
+          w[i] = static_cast<float>(op.convert(ws, master[i]));
+          break;
+        case Rule::kahan: {
+          const double y = op.sub(ws, -delta, compensation[i]);
+          const double s = op.add(ws, w[i], y);
+          compensation[i] = static_cast<float>(op.sub(ws, op.sub(ws, s, w[i]), y));
+          w[i] = static_cast<float>(s);
+          break;
+        }
+      }
+    }
+  }
+
+ private:
+  enum class Rule { nearest, stochastic, master, kahan };
+  enum class Direction { sgd, momentum, adam };
+  static Rule rule_by_name(const std::string& name) {
+    if (name == "fp32" || name == "fp16-rn") return Rule::nearest;
+    if (name == "fp16-sr") return Rule::stochastic;
+    if (name == "fp32-master") return Rule::master;
+    if (name == "fp16-kahan") return Rule::kahan;
+    throw std::invalid_argument("update: unknown update rule " + name);
+  }
+  static Direction direction_by_name(const std::string& name) {
+    if (name == "sgd") return Direction::sgd;
+    if (name == "momentum") return Direction::momentum;
+    if (name == "adam") return Direction::adam;
+    throw std::invalid_argument("direction: sgd, momentum or adam expected, not " + name);
+  }
+  // As roundoff.round reads a format name (subnormals on).
+  static emu::Format format_of(const std::string& name) { return emu::format_by_name(name).with_subnormals(true); }
+
+  Rule rule_;
+  Direction direction_;
+  emu::Format storage_, arith_, state_, master_;
+};
+
+// g = g / divisor rounded to nearest into `format`, in place (LossScaler's unscaling).
+void divide_into(const std::string& format, const py::array& g_array, double divisor) {
+  const std::span<float> g = floats(g_array, "g");
+  const emu::Format f = emu::format_by_name(format).with_subnormals(true);
+  py::gil_scoped_release release;
+  UpdateArith op;
+  for (float& x : g) x = static_cast<float>(op.div(f, x, divisor));
+}
+
 }  // namespace
 
 void bind_torch(py::module_& m) {
@@ -388,4 +572,12 @@ void bind_torch(py::module_& m) {
   t.def("torch_round", &round_tensor, py::arg("x"), py::arg("out"), py::arg("format"), py::arg("rounding"), py::arg("seed"),
         py::arg("sr_bits"), py::arg("overflow"), py::arg("tininess"), py::arg("subnormals"), py::arg("counted"),
         py::arg("traps"), py::arg("scope"));
+  py::class_<OptimizerKernel>(t, "OptimizerKernel")
+      .def(py::init<std::string, std::string, std::string, std::string, std::string, std::string>(),
+           py::arg("update"), py::arg("direction"), py::arg("weight_format"), py::arg("arith_format"),
+           py::arg("state_format"), py::arg("master_format"))
+      .def("step", &OptimizerKernel::step, py::arg("w"), py::arg("grad"), py::arg("master"), py::arg("compensation"),
+           py::arg("first"), py::arg("second"), py::arg("lr"), py::arg("weight_decay"), py::arg("coefficients"),
+           py::arg("sr_seed"));
+  t.def("torch_divide", &divide_into, py::arg("format"), py::arg("g"), py::arg("divisor"));
 }

@@ -55,21 +55,40 @@ def constant(value, fmt):
 def replay(kind, update, weight_format, seed=11):
     """train's Updater::step written out, one parameter tensor at a time."""
     model, x, y = tiny_problem()
+
+    def gradients_at(weights):
+        with torch.no_grad():
+            for p, w in zip(model.parameters(), weights):
+                p.copy_(torch.from_numpy(w).view_as(p))
+        return gradients(model, x, y)
+    initial = [p.detach().numpy().astype(np.float64).ravel() for p in model.parameters()]
+    return replay_from(kind, update, weight_format, initial, gradients_at, STEPS, seed)
+
+
+def difference_to_odd(a, b):
+    """a - b rounded to odd into float64 (TwoSum's error decides)."""
+    with np.errstate(invalid="ignore"):
+        s = a - b
+        bb = s - a
+        error = (a - (s - bb)) + (-b - bb)
+    move = (error != 0) & ~np.isnan(error) & (np.atleast_1d(s).view(np.int64) & 1 == 0)
+    return np.where(move, np.nextafter(s, np.copysign(np.inf, error)), s)
+
+
+def replay_from(kind, update, weight_format, initial, gradients_at, steps, seed):
+    """The replay from the initial weights (float32 values), gradients_at(weights) giving
+    each step's gradients."""
     hyper = OPTIMIZERS[kind][1]
     ctx = roundoff.Context()
     storage = "fp32" if update == "fp32" else weight_format
     arith = "fp32" if update in ("fp32", "fp32-master") else weight_format
     state = arith
-    initial = [p.detach().numpy().astype(np.float64).ravel() for p in model.parameters()]
     master = [ctx.convert("fp32", w) for w in initial]
     weights = [ctx.convert(storage, m if update == "fp32-master" else w) for m, w in zip(master, initial)]
     zeros = [np.zeros_like(w) for w in weights]
     compensation, m, v = list(zeros), list(zeros), list(zeros)
-    for t in range(1, STEPS + 1):
-        with torch.no_grad():
-            for p, w in zip(model.parameters(), weights):
-                p.copy_(torch.from_numpy(w).view_as(p))
-        for i, grad in enumerate(gradients(model, x, y)):
+    for t in range(1, steps + 1):
+        for i, grad in enumerate(gradients_at(weights)):
             g = ctx.convert(arith, grad)
             decayed = master[i] if update == "fp32-master" else weights[i]
             if hyper.get("weight_decay"):
@@ -92,9 +111,9 @@ def replay(kind, update, weight_format, seed=11):
                 weights[i] = ctx.sub(storage, weights[i], delta)
             elif update == "fp16-sr":
                 # The documented stream, on w - delta as a float64 array (Context gives fp16
-                # and bf16 values as float32; their difference here is a float64 value).
+                # and bf16 values as float32), rounded to odd where it is no float64 value.
                 stream = hashlib.sha256(f"roundoff.torch.sr {seed} {i} {t}".encode()).digest()[:8]
-                exact = np.float64(weights[i]) - np.float64(delta)
+                exact = difference_to_odd(np.float64(weights[i]), np.float64(delta))
                 weights[i] = roundoff.round(exact, storage, "sr", seed=int.from_bytes(stream, "little"))[0]
             elif update == "fp32-master":
                 master[i] = ctx.sub("fp32", master[i], delta)
@@ -117,6 +136,44 @@ def test_update_rules_equal_their_replay(kind, update, weight_format):
     if update != "fp32":  # the weights hold values of their format
         for g in got:
             np.testing.assert_array_equal(roundoff.round(g, weight_format)[0], g)
+
+
+def edge_values(gen, n, fmt):
+    """float32 values of fmt, mostly at its edges: subnormals, ties of the next rounding,
+    min_normal, max and beyond, zeros of both signs, infinities, NaN, and ordinary ones."""
+    info = roundoff.info(fmt)
+    half_ulp = 2.0 ** -(info["fraction_bits"] + 1)
+    pools = [gen.standard_normal(n) * 10.0 ** gen.integers(-6, 4, n),
+             info["min_subnormal"] * gen.integers(-8, 9, n),
+             info["min_normal"] * (1 + half_ulp * gen.integers(-3, 8, n)),
+             info["max"] * gen.choice([-1, 1, 0.999, 1 + half_ulp], n),
+             gen.choice([0.0, -0.0, np.inf, -np.inf, np.nan], n),
+             (1 + half_ulp * gen.integers(0, 64, n)) * 2.0 ** gen.integers(-14, 10, n)]
+    values = np.choose(gen.integers(0, len(pools), n), pools)
+    return roundoff.round(values.astype(np.float32), fmt)[0].astype(np.float64)
+
+
+@pytest.mark.parametrize("weight_format", ["fp16", "bf16"])
+@pytest.mark.parametrize("update", RULES)
+@pytest.mark.parametrize("kind", list(OPTIMIZERS))
+def test_update_kernel_equals_context_on_edge_cases(kind, update, weight_format):
+    """The C++ kernel's inline arithmetic (and Context where it refuses) against the replay's
+    Context, bit for bit, on weights and gradients at their formats' edges (NaN: any NaN)."""
+    gen = np.random.default_rng(["sgd", "momentum", "adam"].index(kind) * 10 + RULES.index(update))
+    initial = edge_values(gen, 3000, weight_format)
+    steps = [(edge_values(gen, 3000, weight_format) * scale).astype(np.float32).astype(np.float64)
+             for scale in (1.0, 2.0**-10, 2.0**9)]
+    p = torch.nn.Parameter(torch.from_numpy(initial.astype(np.float32)))
+    optimizer_class, hyper = OPTIMIZERS[kind]
+    optimizer = optimizer_class([p], **hyper, update=update, weight_format=weight_format, seed=11)
+    for g in steps:
+        p.grad = torch.from_numpy(g.astype(np.float32))
+        optimizer.step()
+    expected = replay_from(kind, update, weight_format, [initial], lambda weights: [steps.pop(0)], 3, 11)[0]
+    got = p.detach().numpy().astype(np.float64)
+    np.testing.assert_array_equal(got, expected)
+    finite = ~np.isnan(expected)
+    np.testing.assert_array_equal(np.signbit(got[finite]), np.signbit(expected[finite]))  # zeros' signs
 
 
 def test_rules_differ_and_sr_follows_its_seed():

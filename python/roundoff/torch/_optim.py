@@ -1,9 +1,12 @@
 """Optimizers whose weights are stored in a low-precision format: the update rules of the
 `train` experiment (experiments/mlp.hpp, Updater) on ordinary float32 torch parameters.
 
-Every rounding goes through roundoff.round; see _Exact for how each operation's exact
-result reaches it.
+The arithmetic runs in C++ (roundoff._core.OptimizerKernel), element by element in one
+pass over the float32 tensors' own memory: every operation is emu::Context's, the exact
+result rounded once (inline double arithmetic where that gives Context's result, Context
+itself elsewhere).
 """
+import functools
 import hashlib
 import math
 import numbers
@@ -12,6 +15,7 @@ import numpy as np
 import torch
 
 import roundoff
+from roundoff import _core
 
 __all__ = ["SGD", "Adam", "UPDATE_RULES", "sr_seed"]
 
@@ -49,95 +53,41 @@ class _Format:
     def constant(self, value):
         """A hyperparameter rounded to nearest into the format, once, from its double
         (train's round_constant)."""
-        return float(roundoff.round(np.float64([value]), self.name)[0][0])
+        return _constant(self.name, float(value))
 
 
-# ---- exact arithmetic ---------------------------------------------------------------------
-
-class _Exact:
-    """The operations of the update rules, each giving its exact result held in a float64
-    tensor, or, where that is no float64 value, the exact result rounded to odd into
-    float64 (the neighbour with an odd last bit). Operands are float32 values (stored
-    weights, state, gradients) or doubles (the loss scale). `into` then rounds once into
-    a format: to nearest, the float64 value is rounded to odd into float32 (exact where it
-    is a float32 value) and roundoff.round's fast kernels take it; rounding to odd into a
-    precision at least two bits wider than the target's loses nothing that a later
-    rounding to nearest needs (Boldo and Melquiond, IEEE Trans. Computers 57(4), 2008), so
-    the result is the exact result rounded once. A result in fp32 is the float64 value
-    rounded to nearest even by torch's conversion, again once-rounded. Stochastic rounding
-    passes the float64 value to roundoff.round, which compares the random bits with all
-    of its bits."""
-
-    @staticmethod
-    def _odd(rounded, residual, bits):
-        # `rounded` is x rounded to nearest; `residual` has the sign of x - rounded (0:
-        # exact). An inexact result with an even last bit moves one step towards x.
-        towards = torch.copysign(torch.full_like(rounded, math.inf), residual)
-        move = (residual != 0) & ~torch.isnan(residual) & ((rounded.view(bits) & 1) == 0)
-        return torch.where(move, torch.nextafter(rounded, towards), rounded)
-
-    @staticmethod
-    def _two_product(a, b):
-        # a * b = p + e exactly (Dekker, with Veltkamp's splitting).
-        def split(x):
-            c = 134217729.0 * x  # 2^27 + 1
-            hi = c - (c - x)
-            return hi, x - hi
-        p = a * b
-        (ah, al), (bh, bl) = split(a), split(b)
-        return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
-
-    @classmethod
-    def add(cls, a, b):
-        s = a + b
-        bb = s - a
-        return cls._odd(s, (a - (s - bb)) + (b - bb), torch.int64)  # TwoSum's exact error
-
-    @classmethod
-    def sub(cls, a, b):
-        return cls.add(a, -b)
-
-    @staticmethod
-    def mul(a, b):
-        return a * b  # float32 values: the product has at most 48 bits
-
-    @classmethod
-    def fma(cls, a, b, c):
-        return cls.add(a * b, c)
-
-    @classmethod
-    def div(cls, a, b):
-        b = torch.as_tensor(b, dtype=torch.float64)
-        q = a / b
-        p, e = cls._two_product(q, b)
-        # a - p is exact (p is within a factor 2 of a), so the sign of (a - p) - e is that of a - q b.
-        return cls._odd(q, ((a - p) - e) * torch.sign(b), torch.int64)
-
-    @classmethod
-    def sqrt(cls, a):
-        s = torch.sqrt(a)
-        p, e = cls._two_product(s, s)
-        return cls._odd(s, (a - p) - e, torch.int64)
-
-    @classmethod
-    def into(cls, fmt, x, seed=None):
-        """x (float64) rounded once into fmt as a float32 tensor: to nearest even, or
-        stochastically (roundoff.round's sr, exact probabilities, seed `seed`, elements in
-        C order) when a seed is given."""
-        if seed is not None:
-            values, _ = roundoff.round(x.numpy(), fmt.name, "sr", seed=seed)
-            return torch.from_numpy(values)
-        nearest = x.float()
-        if fmt.is_fp32:
-            return nearest
-        odd = cls._odd(nearest, x - nearest.double(), torch.int32)
-        values, _ = roundoff.round(odd.numpy(), fmt.name)
-        return torch.from_numpy(values)
+@functools.lru_cache(maxsize=1024)
+def _constant(name, value):
+    return float(roundoff.round(np.float64([value]), name)[0][0])
 
 
-def _values(t):
-    """A tensor's values, flat in C order, as float64."""
-    return t.detach().reshape(-1).double()
+# ---- the update rules' arithmetic ----------------------------------------------------------
+
+def _rounded(fmt, t):
+    """t's values (float32) rounded to nearest into fmt: a new contiguous tensor."""
+    if fmt.is_fp32:
+        return t.detach().clone(memory_format=torch.contiguous_format)
+    return torch.from_numpy(roundoff.round(t.detach().reshape(-1).numpy(), fmt.name)[0]).view(t.shape)
+
+
+def _float32_view(t):
+    """A contiguous float32 tensor's values as a numpy array sharing its memory."""
+    return t.detach().view(-1).numpy()
+
+
+class _Contiguous:
+    """A float32 tensor as a contiguous one for the kernels: itself, or a copy in C order
+    that is written back on leaving (a parameter in another memory format)."""
+
+    def __init__(self, t):
+        self.tensor, self.work = t, t.detach() if t.is_contiguous() else t.detach().contiguous()
+
+    def __enter__(self):
+        return _float32_view(self.work)
+
+    def __exit__(self, *exc):
+        if self.work.data_ptr() != self.tensor.data_ptr():
+            self.tensor.detach().copy_(self.work)
 
 
 # ---- option checks --------------------------------------------------------------------------
@@ -233,6 +183,7 @@ class _LowPrecisionOptimizer(torch.optim.Optimizer):
         self.state_format, self.master_format = state.name, master.name
         self.seed = _seed(seed)
         self._parameters_seen = 0
+        self._kernels = {}
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group):
@@ -256,10 +207,10 @@ class _LowPrecisionOptimizer(torch.optim.Optimizer):
                 state["index"], state["step"] = self._parameters_seen, 0
                 self._parameters_seen += 1
                 if self.update == "fp32-master":
-                    state["master"] = _Exact.into(self._master, _values(p)).view_as(p).clone()
-                    p.copy_(_Exact.into(self._storage, _values(state["master"])).view_as(p))
+                    state["master"] = _rounded(self._master, p)
+                    p.copy_(_rounded(self._storage, state["master"]))
                 else:
-                    p.copy_(_Exact.into(self._storage, _values(p)).view_as(p))
+                    p.copy_(_rounded(self._storage, p))
                 if self.update == "fp16-kahan":
                     state["compensation"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
                 for name in self._buffers(group):
@@ -279,44 +230,30 @@ class _LowPrecisionOptimizer(torch.optim.Optimizer):
         ar = self._arith
         for group in self.param_groups:
             lr = ar.constant(group["lr"])
+            weight_decay = ar.constant(group["weight_decay"]) if group["weight_decay"] != 0 else None
+            kernel = self._kernel(group)
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 state = self.state[p]
                 state["step"] += 1
-                updated = state["master"] if self.update == "fp32-master" else p
-                g = _Exact.into(ar, _values(p.grad))
-                if group["weight_decay"] != 0:
-                    g = _Exact.into(ar, _Exact.fma(ar.constant(group["weight_decay"]), _values(updated), g.double()))
-                direction = self._direction(g.double(), state, group)
-                delta = _Exact.into(ar, _Exact.mul(lr, direction)).double()
-                self._apply(p, state, delta)
+                buffers = [_float32_view(state[name]) for name in self._buffers(group)]
+                buffers += [None] * (2 - len(buffers))
+                seed = sr_seed(self.seed, state["index"], state["step"]) if self.update == "fp16-sr" else 0
+                with _Contiguous(p) as w:
+                    kernel.step(w, _float32_view(p.grad.contiguous()),
+                                _float32_view(state["master"]) if "master" in state else None,
+                                _float32_view(state["compensation"]) if "compensation" in state else None,
+                                *buffers, lr, weight_decay, self._coefficients(group, state), seed)
         return loss
 
-    def _apply(self, p, state, delta):
-        ws = self._storage
-        w = _values(p)
-        if self.update in ("fp32", "fp16-rn"):
-            new = _Exact.into(ws, _Exact.sub(w, delta))
-        elif self.update == "fp16-sr":
-            new = _Exact.into(ws, _Exact.sub(w, delta), seed=sr_seed(self.seed, state["index"], state["step"]))
-        elif self.update == "fp32-master":
-            master = _Exact.into(self._master, _Exact.sub(_values(state["master"]), delta))
-            state["master"].copy_(master.view_as(p))
-            new = _Exact.into(ws, master.double())
-        else:  # fp16-kahan
-            c = _values(state["compensation"])
-            y = _Exact.into(ws, _Exact.sub(-delta, c)).double()
-            s = _Exact.into(ws, _Exact.add(w, y)).double()
-            c = _Exact.into(ws, _Exact.sub(_Exact.into(ws, _Exact.sub(s, w)).double(), y))
-            state["compensation"].copy_(c.view_as(p))
-            new = s.float()  # a value of weight_format already
-        p.copy_(new.view_as(p))
-
-    def _keep(self, state, name, values):
-        """Stores a state buffer (float32 values of state_format) and returns it as float64."""
-        state[name].copy_(values.view_as(state[name]))
-        return values.double()
+    def _kernel(self, group):
+        """The C++ update rule for a group's direction (built once per direction)."""
+        direction = self._direction(group)
+        if direction not in self._kernels:
+            self._kernels[direction] = _core.OptimizerKernel(self.update, direction, self._storage.name,
+                                                            self._arith.name, self._state.name, self._master.name)
+        return self._kernels[direction]
 
 
 class SGD(_LowPrecisionOptimizer):
@@ -344,13 +281,11 @@ class SGD(_LowPrecisionOptimizer):
     def _buffers(self, group):
         return ("momentum_buffer",) if group["momentum"] != 0 else ()
 
-    def _direction(self, g, state, group):
-        if group["momentum"] == 0:
-            return g
-        mu = self._state.constant(group["momentum"])
-        m = self._keep(state, "momentum_buffer",
-                       _Exact.into(self._state, _Exact.fma(mu, _values(state["momentum_buffer"]), g)))
-        return _Exact.into(self._arith, m).double()
+    def _direction(self, group):
+        return "momentum" if group["momentum"] != 0 else "sgd"
+
+    def _coefficients(self, group, state):
+        return [self._state.constant(group["momentum"])] if group["momentum"] != 0 else []
 
 
 class Adam(_LowPrecisionOptimizer):
@@ -387,15 +322,11 @@ class Adam(_LowPrecisionOptimizer):
     def _buffers(self, group):
         return ("exp_avg", "exp_avg_sq")
 
-    def _direction(self, g, state, group):
+    def _direction(self, group):
+        return "adam"
+
+    def _coefficients(self, group, state):
         st, ar, t = self._state, self._arith, state["step"]
-        (b1, b2), E = group["betas"], _Exact
-        m = E.fma(st.constant(b1), _values(state["exp_avg"]), E.into(st, E.mul(st.constant(1 - b1), g)).double())
-        m = self._keep(state, "exp_avg", E.into(st, m))
-        g2 = E.into(st, E.mul(g, g)).double()
-        v = E.fma(st.constant(b2), _values(state["exp_avg_sq"]), E.into(st, E.mul(st.constant(1 - b2), g2)).double())
-        v = self._keep(state, "exp_avg_sq", E.into(st, v))
-        m_hat = E.into(ar, E.div(m, ar.constant(1 - b1**t))).double()
-        v_hat = E.into(ar, E.div(v, ar.constant(1 - b2**t))).double()
-        denominator = E.into(ar, E.add(E.into(ar, E.sqrt(v_hat)).double(), ar.constant(group["eps"]))).double()
-        return E.into(ar, E.div(m_hat, denominator)).double()
+        b1, b2 = group["betas"]
+        return [st.constant(b1), st.constant(1 - b1), st.constant(b2), st.constant(1 - b2), ar.constant(1 - b1**t),
+                ar.constant(1 - b2**t), ar.constant(group["eps"])]

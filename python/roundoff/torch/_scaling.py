@@ -4,7 +4,9 @@ import numbers
 
 import torch
 
-from ._optim import _Exact, _Format, _LowPrecisionOptimizer, _real, _values
+from roundoff import _core
+
+from ._optim import _Contiguous, _Format, _LowPrecisionOptimizer, _real
 
 __all__ = ["LossScaler"]
 
@@ -111,7 +113,8 @@ class LossScaler:
         if self._scale != 1.0:
             fmt = self._unscale_format(optimizer)
             for g in grads:
-                g.copy_(_Exact.into(fmt, _Exact.div(_values(g), self._scale)).view_as(g))
+                with _Contiguous(g) as values:
+                    _core.torch_divide(fmt.name, values, self._scale)
         return optimizer.step(*args, **kwargs)
 
     def update(self):
