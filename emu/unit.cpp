@@ -22,7 +22,7 @@ constexpr Named<UnitKind> kUnits[] = {
     {UnitKind::l40s, "l40s", "NVIDIA L40S (Ada) tensor cores (fp16, bf16, tf32, fp8)"},
     {UnitKind::h100, "h100", "NVIDIA Hopper tensor cores (fp16, bf16, tf32, fp8)"},
     {UnitKind::h200, "h200", "NVIDIA H200 (Hopper) tensor cores (fp16, bf16, tf32, fp8)"},
-    {UnitKind::b200, "b200", "NVIDIA Blackwell tensor cores (fp16, bf16, tf32, fp8; block formats: block-scaled MMA)"},
+    {UnitKind::b200, "b200", "NVIDIA Blackwell tensor cores (fp16, bf16, tf32, fp8; block-scaled MMA)"},
     {UnitKind::ipu_amp, "ipu-amp", "Graphcore IPU AMP, fp16 inputs, fp32 partials (f16v4sisoamp)"},
     {UnitKind::ipu_amp_half, "ipu-amp-half", "Graphcore IPU AMP, fp16 inputs, fp16 partials (f16v4hihoamp)"},
     {UnitKind::exact, "exact", "the exact dot product, rounded once into the output format"},
