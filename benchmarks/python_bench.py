@@ -40,7 +40,7 @@ def main():
     failed = []
     out = np.empty(n, np.float32)
     for mode in ["rne", "sr"]:
-        kernel_s = _core.time_round_kernel(x, "fp16", _core.Rounding(mode, "0", "0", "inf", "philox", "before"), 5)
+        kernel_s = _core.time_round_kernel(x, "fp16", _core.Rounding(mode, 0, 0, "inf", "philox", "before"), 5)
         # A new result array each call, as numpy's astype; and into one array (out=), as
         # the kernel and numpy's copyto write.
         new_s = best_time(lambda: roundoff.round(x, "fp16", mode), 5)

@@ -838,12 +838,20 @@ class AmpUnit final : public MatrixUnit {
 
 }  // namespace
 
-const char* partials_type_name(PartialsType p) { return p == PartialsType::half ? "half" : "float"; }
+namespace {
 
+constexpr Named<PartialsType> kPartialsTypes[] = {
+    {PartialsType::half, "half", "fp16 partials"},
+    {PartialsType::float32, "float", "fp32 partials"},
+};
+static_assert(in_enum_order(kPartialsTypes));
+
+}  // namespace
+
+NameTable<PartialsType> partials_type_table() { return kPartialsTypes; }
+const char* partials_type_name(PartialsType p) { return kPartialsTypes[static_cast<int>(p)].name; }
 PartialsType partials_type_by_name(std::string_view name) {
-  if (name == "half") return PartialsType::half;
-  if (name == "float") return PartialsType::float32;
-  throw std::invalid_argument("unknown partials type '" + std::string(name) + "' (known: half float)");
+  return value_by_name(partials_type_table(), name, "partials type");
 }
 
 void validate(const AmpConfig& cfg) {

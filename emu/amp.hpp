@@ -61,6 +61,7 @@ namespace emu {
 enum class PartialsType { half, float32 };
 const char* partials_type_name(PartialsType p);            // "half", "float"
 PartialsType partials_type_by_name(std::string_view name);  // throws std::invalid_argument
+NameTable<PartialsType> partials_type_table();
 
 struct AmpConfig {
   Format input = fp16();     // fp16 (f16v4*amp) or fp32 (f32sisoamp)

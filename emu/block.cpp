@@ -12,10 +12,14 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-const char* const kRuleNames[] = {"floor", "ceil", "even", "up", "nearest"};
-
-const char* const kBlockNames[] = {"mxfp8-e4m3", "mxfp8-e5m2", "mxfp6-e2m3", "mxfp6-e3m2",
-                                   "mxfp4-e2m1", "mxint8",     "nvfp4",      nullptr};
+constexpr Named<ScaleRule> kRules[] = {
+    {ScaleRule::floor, "floor", "2^(floor(log2 amax) - emax), OCP MX v1.0 6.3 (default for MX)"},
+    {ScaleRule::ceil, "ceil", "2^(ceil(log2 amax) - emax)"},
+    {ScaleRule::even, "even", "2^(floor(log2 amax') - emax), amax' = amax rounded to the element's precision, ties away (torchao's EVEN)"},
+    {ScaleRule::up, "up", "amax / max rounded up into the scale format (NVIDIA, cuDNN)"},
+    {ScaleRule::nearest, "nearest", "amax / max rounded to nearest into the scale format (default for nvfp4)"},
+};
+static_assert(in_enum_order(kRules));
 
 // MXINT8's element grid k/64, |k| <= 127, as a floating-point format: one exponent bit
 // with bias 1 puts the subnormals (field 0) and the normals (field 1) on the same 2^-6
@@ -31,18 +35,36 @@ Format int8_grid() {
   return Format(s);
 }
 
-const std::vector<BlockFormat>& block_formats() {
+struct BlockFormatRow {
+  BlockFormat format;
+  const char* help;
+};
+
+// The block formats and their help: the one list of them.
+const std::vector<Named<const BlockFormat*>>& block_format_rows() {
   using E = BlockFormat::Elements;
-  static const std::vector<BlockFormat> formats = {
-      {"mxfp8-e4m3", fp8_e4m3(), E::floating, e8m0(), 32, false, ScaleRule::floor},
-      {"mxfp8-e5m2", fp8_e5m2(), E::floating, e8m0(), 32, false, ScaleRule::floor},
-      {"mxfp6-e2m3", fp6_e2m3(), E::floating, e8m0(), 32, false, ScaleRule::floor},
-      {"mxfp6-e3m2", fp6_e3m2(), E::floating, e8m0(), 32, false, ScaleRule::floor},
-      {"mxfp4-e2m1", fp4_e2m1(), E::floating, e8m0(), 32, false, ScaleRule::floor},
-      {"mxint8", int8_grid(), E::integer, e8m0(), 32, false, ScaleRule::floor},
-      {"nvfp4", fp4_e2m1(), E::floating, ue4m3(), 16, true, ScaleRule::nearest},
+  static const std::vector<BlockFormatRow> formats = {
+      {{"mxfp8-e4m3", fp8_e4m3(), E::floating, e8m0(), 32, false, ScaleRule::floor},
+       "OCP MX: 32 fp8-e4m3 elements, an E8M0 scale"},
+      {{"mxfp8-e5m2", fp8_e5m2(), E::floating, e8m0(), 32, false, ScaleRule::floor},
+       "OCP MX: 32 fp8-e5m2 elements, an E8M0 scale"},
+      {{"mxfp6-e2m3", fp6_e2m3(), E::floating, e8m0(), 32, false, ScaleRule::floor},
+       "OCP MX: 32 fp6-e2m3 elements, an E8M0 scale"},
+      {{"mxfp6-e3m2", fp6_e3m2(), E::floating, e8m0(), 32, false, ScaleRule::floor},
+       "OCP MX: 32 fp6-e3m2 elements, an E8M0 scale"},
+      {{"mxfp4-e2m1", fp4_e2m1(), E::floating, e8m0(), 32, false, ScaleRule::floor},
+       "OCP MX: 32 fp4-e2m1 elements, an E8M0 scale"},
+      {{"mxint8", int8_grid(), E::integer, e8m0(), 32, false, ScaleRule::floor},
+       "OCP MX: 32 8-bit integer elements k/64, an E8M0 scale"},
+      {{"nvfp4", fp4_e2m1(), E::floating, ue4m3(), 16, true, ScaleRule::nearest},
+       "NVIDIA: 16 fp4-e2m1 elements, a UE4M3 scale, one fp32 scale per tensor"},
   };
-  return formats;
+  static const std::vector<Named<const BlockFormat*>> rows = [] {
+    std::vector<Named<const BlockFormat*>> r;
+    for (const BlockFormatRow& f : formats) r.push_back({&f.format, f.format.name().c_str(), f.help});
+    return r;
+  }();
+  return rows;
 }
 
 // floor(log2 a) for a finite a > 0 (exact: frexp).
@@ -129,13 +151,9 @@ Exact scaled(double x, double scale) {
 
 }  // namespace
 
-const char* scale_rule_name(ScaleRule r) { return kRuleNames[static_cast<int>(r)]; }
-
-ScaleRule scale_rule_by_name(std::string_view name) {
-  for (int i = 0; i < 5; ++i)
-    if (name == kRuleNames[i]) return static_cast<ScaleRule>(i);
-  throw std::invalid_argument("unknown scale rule '" + std::string(name) + "' (known: floor ceil even up nearest)");
-}
+NameTable<ScaleRule> scale_rule_table() { return kRules; }
+const char* scale_rule_name(ScaleRule r) { return kRules[static_cast<int>(r)].name; }
+ScaleRule scale_rule_by_name(std::string_view name) { return value_by_name(scale_rule_table(), name, "scale rule"); }
 
 BlockFormat::BlockFormat(std::string name, Format element, Elements kind, Format scale, int block_size,
                          bool tensor_scale, ScaleRule default_rule)
@@ -164,24 +182,18 @@ double BlockFormat::decode_element(std::uint64_t bits) const {
   return static_cast<double>(static_cast<std::int8_t>(bits & 0xff)) / 64;
 }
 
+NameTable<const BlockFormat*> block_format_table() { return block_format_rows(); }
+
 const BlockFormat& block_format_by_name(std::string_view name) {
-  for (const BlockFormat& f : block_formats())
-    if (f.name() == name) return f;
-  std::string known;
-  for (const char* const* n = kBlockNames; *n != nullptr; ++n) {
-    if (!known.empty()) known += ' ';
-    known += *n;
-  }
-  throw std::invalid_argument("unknown block format '" + std::string(name) + "' (known: " + known + ")");
+  return *value_by_name(block_format_table(), name, "block format");
 }
 
-const char* const* block_format_names() { return kBlockNames; }
-
-bool is_block_format_name(std::string_view name) {
-  for (const char* const* n = kBlockNames; *n != nullptr; ++n)
-    if (name == *n) return true;
-  return false;
+const char* const* block_format_names() {
+  static const std::vector<const char*> names = name_array(block_format_table());
+  return names.data();
 }
+
+bool is_block_format_name(std::string_view name) { return find_name(block_format_table(), name) != nullptr; }
 
 double default_tensor_scale(const BlockFormat& f, std::span<const double> values) {
   if (!f.has_tensor_scale()) throw std::invalid_argument(f.name() + " has no tensor scale (only nvfp4 has)");

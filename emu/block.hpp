@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "format.hpp"
+#include "names.hpp"
 #include "rng.hpp"
 #include "round.hpp"
 #include "status.hpp"
@@ -48,6 +49,7 @@ namespace emu {
 enum class ScaleRule { floor, ceil, even, up, nearest };
 const char* scale_rule_name(ScaleRule r);
 ScaleRule scale_rule_by_name(std::string_view name);  // throws std::invalid_argument listing them
+NameTable<ScaleRule> scale_rule_table();
 
 class BlockFormat {
  public:
@@ -90,6 +92,7 @@ class BlockFormat {
 // mxfp8-e4m3 mxfp8-e5m2 mxfp6-e2m3 mxfp6-e3m2 mxfp4-e2m1 mxint8 nvfp4; throws
 // std::invalid_argument naming them.
 const BlockFormat& block_format_by_name(std::string_view name);
+NameTable<const BlockFormat*> block_format_table();  // the one list of block formats
 const char* const* block_format_names();  // nullptr-terminated
 bool is_block_format_name(std::string_view name);
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <vector>
 
 namespace emu {
 
@@ -231,10 +232,6 @@ std::uint64_t Format::encode(double value) const {
 
 namespace {
 
-const char* const kNames[] = {"fp64",        "fp32",         "tf32",     "bf16",     "fp16",     "fp8-e5m2",
-                              "fp8-e4m3",    "fp8-e4m3fnuz", "fp8-e5m2fnuz", "fp6-e2m3", "fp6-e3m2", "fp4-e2m1",
-                              "e8m0",        "ue4m3",        nullptr};
-
 const char* const kFamilies =
     "eXmY (IEEE-like, X = 2..11 exponent bits, Y = 1..52 fraction bits) or binaryKpPSD (IEEE P3109: K bits, "
     "precision P, S = s signed or u unsigned, D = e with inf or f finite, e.g. binary8p3se)";
@@ -321,18 +318,12 @@ std::optional<Format> parse_p3109(std::string_view name) {
 
 }  // namespace
 
-const char* const* format_names() { return kNames; }
-
-std::string format_list_text() {
-  std::string s;
-  for (const char* const* n = kNames; *n != nullptr; ++n) {
-    if (!s.empty()) s += ' ';
-    s += *n;
-  }
-  s += ", or ";
-  s += kFamilies;
-  return s;
+const char* const* format_names() {
+  static const std::vector<const char*> names = name_array(format_table());
+  return names.data();
 }
+
+std::string format_list_text() { return name_list(format_table()) + ", or " + kFamilies; }
 
 const Format& fp64() { static const Format f(11, 52, Encoding::ieee, true, "fp64"); return f; }
 const Format& fp32() { static const Format f(8, 23, Encoding::ieee, true, "fp32"); return f; }
@@ -374,15 +365,28 @@ const Format& ue4m3() {
   return f;
 }
 
+NameTable<const Format& (*)()> format_table() {
+  static constexpr Named<const Format& (*)()> kPresets[] = {
+      {fp64, "fp64", "IEEE 754 binary64"},
+      {fp32, "fp32", "IEEE 754 binary32"},
+      {tf32, "tf32", "NVIDIA TensorFloat-32: fp32's range, fp16's precision"},
+      {bf16, "bf16", "bfloat16: fp32's range, 8 bits of precision"},
+      {fp16, "fp16", "IEEE 754 binary16"},
+      {fp8_e5m2, "fp8-e5m2", "OCP fp8 E5M2 (IEEE-like, with inf)"},
+      {fp8_e4m3, "fp8-e4m3", "OCP fp8 E4M3 (fn: no inf, NaN S.1111.111, max 448)"},
+      {fp8_e4m3fnuz, "fp8-e4m3fnuz", "fp8 E4M3 fnuz (AMD, Graphcore): no inf, one NaN at 0x80, max 240"},
+      {fp8_e5m2fnuz, "fp8-e5m2fnuz", "fp8 E5M2 fnuz (AMD, Graphcore): no inf, one NaN at 0x80, max 57344"},
+      {fp6_e2m3, "fp6-e2m3", "OCP MX fp6 E2M3: finite, max 7.5"},
+      {fp6_e3m2, "fp6-e3m2", "OCP MX fp6 E3M2: finite, max 28"},
+      {fp4_e2m1, "fp4-e2m1", "OCP MX fp4 E2M1: finite, max 6"},
+      {e8m0, "e8m0", "OCP MX scale: unsigned powers of two 2^-127 .. 2^127, NaN 0xff"},
+      {ue4m3, "ue4m3", "NVFP4's block scale: unsigned E4M3, max 448"},
+  };
+  return kPresets;
+}
+
 Format format_by_name(std::string_view name) {
-  static const std::pair<const char*, const Format& (*)()> kPresets[] = {
-      {"fp64", fp64},         {"fp32", fp32},         {"tf32", tf32},         {"bf16", bf16},
-      {"fp16", fp16},         {"fp8-e5m2", fp8_e5m2}, {"fp8-e4m3", fp8_e4m3}, {"fp8-e4m3fnuz", fp8_e4m3fnuz},
-      {"fp8-e5m2fnuz", fp8_e5m2fnuz}, {"fp6-e2m3", fp6_e2m3}, {"fp6-e3m2", fp6_e3m2}, {"fp4-e2m1", fp4_e2m1},
-      {"e8m0", e8m0},         {"ue4m3", ue4m3}};
-  static_assert(std::size(kPresets) + 1 == std::size(kNames), "every preset has a name in kNames");
-  for (const auto& [preset, make] : kPresets)
-    if (name == preset) return make();
+  if (const auto* preset = find_name(format_table(), name)) return preset->value();
   if (auto p3109 = parse_p3109(name)) return *p3109;
   int e = 0, m = 0;
   if (parse_generic(name, e, m)) {

@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "names.hpp"
+
 namespace emu {
 
 // Where a format keeps its NaNs (bit patterns with the sign bit first, then exponent,
@@ -153,6 +155,8 @@ class Format {
 //              pattern below the NaN (signed 0x7f/0xff, unsigned all ones - 1).
 // Throws std::invalid_argument naming the known formats.
 Format format_by_name(std::string_view name);
+// The presets: name, the format, one line of help; the one list of them.
+NameTable<const Format& (*)()> format_table();
 // The preset names, for help texts and did-you-mean.
 const char* const* format_names();  // nullptr-terminated
 // "fp64 fp32 ... ue4m3, or eXmY ..., or binaryKpPSD ...": the list for help texts.

@@ -409,21 +409,22 @@ void sum_terms(std::size_t n, const double* av, const double* bv, double c, doub
 
 }  // namespace
 
-const char* alignment_rounding_name(AlignmentRounding r) {
-  switch (r) {
-    case AlignmentRounding::truncate_magnitude: return "truncate-magnitude";
-    case AlignmentRounding::truncate_twos_complement: return "truncate-twos-complement";
-    case AlignmentRounding::nearest_even: return "nearest-even";
-  }
-  return "?";
-}
+namespace {
 
+constexpr Named<AlignmentRounding> kAlignmentRoundings[] = {
+    {AlignmentRounding::truncate_magnitude, "truncate-magnitude", "towards zero, sign-magnitude (measured)"},
+    {AlignmentRounding::truncate_twos_complement, "truncate-twos-complement",
+     "towards minus infinity (an arithmetic right shift)"},
+    {AlignmentRounding::nearest_even, "nearest-even", "to nearest, ties to even"},
+};
+static_assert(in_enum_order(kAlignmentRoundings));
+
+}  // namespace
+
+NameTable<AlignmentRounding> alignment_rounding_table() { return kAlignmentRoundings; }
+const char* alignment_rounding_name(AlignmentRounding r) { return kAlignmentRoundings[static_cast<int>(r)].name; }
 AlignmentRounding alignment_rounding_by_name(std::string_view name) {
-  for (AlignmentRounding r : {AlignmentRounding::truncate_magnitude, AlignmentRounding::truncate_twos_complement,
-                              AlignmentRounding::nearest_even})
-    if (name == alignment_rounding_name(r)) return r;
-  throw std::invalid_argument("unknown alignment rounding '" + std::string(name) +
-                              "' (known: truncate-magnitude truncate-twos-complement nearest-even)");
+  return value_by_name(alignment_rounding_table(), name, "alignment rounding");
 }
 
 BlockFmaParams tensor_core_params(UnitKind device, const Format& in, const Format& out) {

@@ -65,6 +65,7 @@ enum class AlignmentRounding { truncate_magnitude, truncate_twos_complement, nea
 // "truncate-magnitude", "truncate-twos-complement", "nearest-even".
 const char* alignment_rounding_name(AlignmentRounding r);
 AlignmentRounding alignment_rounding_by_name(std::string_view name);  // throws std::invalid_argument
+NameTable<AlignmentRounding> alignment_rounding_table();
 
 // The micro-architecture parameters of one multi-term fused adder (STYLE.md point 11).
 struct BlockFmaParams {

@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "names.hpp"
+
 namespace emu {
 
 // Sticky status flags. OFLO, DIV0 and INV are the IPU's $FP_STS fields; UFLO and
@@ -29,12 +31,14 @@ const char* flag_name(Flag f);
 Flag flag_by_name(std::string_view name);
 // Names of the raised flags in the order OFLO DIV0 INV UFLO INEXACT.
 std::vector<std::string> flag_names(Flags flags);
+NameTable<Flag> flag_table();  // in kAllFlags' order
 
 // Rounding modes. sr = stochastic rounding with probability proportional to distance.
 enum class Rounding { rne, rna, rz, ru, rd, ro, sr };
 const char* rounding_name(Rounding r);
 // Throws std::invalid_argument listing the valid names.
 Rounding rounding_by_name(std::string_view name);
+NameTable<Rounding> rounding_table();
 
 // What a finite result too large for the format becomes. Every policy raises OFLO and
 // INEXACT (IEEE 754 7.4: overflow of a finite value); emu/round.hpp has the details.
@@ -51,6 +55,7 @@ Rounding rounding_by_name(std::string_view name);
 enum class Overflow { inf, saturate, nan };
 const char* overflow_name(Overflow o);
 Overflow overflow_by_name(std::string_view name);
+NameTable<Overflow> overflow_table();
 
 // When a result counts as tiny (for UFLO, and for flushing when subnormals are off).
 // IEEE 754 (7.5) allows either: `before` rounding looks at the exact value (|x| <
@@ -61,6 +66,7 @@ Overflow overflow_by_name(std::string_view name);
 enum class Tininess { before, after };
 const char* tininess_name(Tininess t);  // "before", "after"
 Tininess tininess_by_name(std::string_view name);
+NameTable<Tininess> tininess_table();
 
 // What an experiment does with floating-point exceptions (its `fp_exceptions` parameter):
 // off: only the sticky flags; count: every enabled flag is counted per (scope, op), the
@@ -68,11 +74,13 @@ Tininess tininess_by_name(std::string_view name);
 enum class ExceptionMode { off, count, trap };
 const char* exception_mode_name(ExceptionMode m);  // "off", "count", "trap"
 ExceptionMode exception_mode_by_name(std::string_view name);
+NameTable<ExceptionMode> exception_mode_table();
 
 // Where stochastic rounding takes its random bits from.
 enum class RngKind { philox, ipu };
 const char* rng_kind_name(RngKind k);
 RngKind rng_kind_by_name(std::string_view name);
+NameTable<RngKind> rng_kind_table();
 
 struct FpControl {
   Rounding rounding = Rounding::rne;  // default rounding of every operation

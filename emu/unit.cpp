@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "amp.hpp"
 #include "exact_sum.hpp"
@@ -13,8 +14,22 @@ namespace emu {
 namespace {
 
 // Indexed by UnitKind.
-const char* const kUnitNames[] = {"v100", "t4", "a100", "ada", "l40s", "h100", "h200", "b200",
-                                  "ipu-amp", "ipu-amp-half", "exact", "fp32-seq", "fp16-seq", nullptr};
+constexpr Named<UnitKind> kUnits[] = {
+    {UnitKind::v100, "v100", "NVIDIA Volta tensor cores (fp16)"},
+    {UnitKind::t4, "t4", "NVIDIA Turing tensor cores (fp16)"},
+    {UnitKind::a100, "a100", "NVIDIA Ampere tensor cores (fp16, bf16, tf32)"},
+    {UnitKind::ada, "ada", "NVIDIA Ada Lovelace tensor cores (fp16, bf16, tf32, fp8)"},
+    {UnitKind::l40s, "l40s", "NVIDIA L40S (Ada) tensor cores (fp16, bf16, tf32, fp8)"},
+    {UnitKind::h100, "h100", "NVIDIA Hopper tensor cores (fp16, bf16, tf32, fp8)"},
+    {UnitKind::h200, "h200", "NVIDIA H200 (Hopper) tensor cores (fp16, bf16, tf32, fp8)"},
+    {UnitKind::b200, "b200", "NVIDIA Blackwell tensor cores (fp16, bf16, tf32, fp8; block-scaled MMA)"},
+    {UnitKind::ipu_amp, "ipu-amp", "Graphcore IPU AMP, fp16 inputs, fp32 partials (f16v4sisoamp)"},
+    {UnitKind::ipu_amp_half, "ipu-amp-half", "Graphcore IPU AMP, fp16 inputs, fp16 partials (f16v4hihoamp)"},
+    {UnitKind::exact, "exact", "the exact dot product, rounded once into the output format"},
+    {UnitKind::fp32_seq, "fp32-seq", "sequential fused multiply-add in fp32, in index order"},
+    {UnitKind::fp16_seq, "fp16-seq", "sequential fused multiply-add in fp16, in index order"},
+};
+static_assert(in_enum_order(kUnits));
 
 // The reference units: exact (one rounding of the exact dot product) and sequential
 // accumulation in index order, fused (one rounding per product-add) or unfused (the
@@ -114,15 +129,23 @@ class ReferenceUnit final : public MatrixUnit {
 
 }  // namespace
 
-const char* unit_kind_name(UnitKind k) { return kUnitNames[static_cast<int>(k)]; }
-const char* const* unit_names() { return kUnitNames; }
+NameTable<UnitKind> unit_table() { return kUnits; }
+const char* unit_kind_name(UnitKind k) { return kUnits[static_cast<int>(k)].name; }
+const char* const* unit_names() {
+  static const std::vector<const char*> names = name_array(unit_table());
+  return names.data();
+}
 
-UnitKind unit_kind_by_name(std::string_view name) {
-  for (int i = 0; kUnitNames[i]; ++i)
-    if (name == kUnitNames[i]) return static_cast<UnitKind>(i);
-  std::string known;
-  for (int i = 0; kUnitNames[i]; ++i) known += std::string(i ? " " : "") + kUnitNames[i];
-  throw std::invalid_argument("unknown unit '" + std::string(name) + "' (known: " + known + ")");
+UnitKind unit_kind_by_name(std::string_view name) { return value_by_name(unit_table(), name, "unit"); }
+
+BlockOperands block_operands(UnitKind k) {
+  switch (k) {
+    case UnitKind::b200: return BlockOperands::mma;
+    case UnitKind::exact:
+    case UnitKind::fp32_seq:
+    case UnitKind::fp16_seq: return BlockOperands::dequantised;
+    default: return BlockOperands::none;
+  }
 }
 
 void MatrixUnit::gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,

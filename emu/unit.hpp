@@ -9,6 +9,7 @@
 
 #include "arith.hpp"
 #include "format.hpp"
+#include "names.hpp"
 
 namespace emu {
 
@@ -25,9 +26,23 @@ enum class UnitKind {
   fp32_seq,
   fp16_seq,
 };
+// The units' names and help, in UnitKind's order: every front end's list of units.
+// A unit added to UnitKind gets its row here (a static_assert checks the order) and,
+// for a tensor core, its parameters in emu/mma.cpp's device table; the CLI, sweeps and
+// Python then take it with no other edit.
+NameTable<UnitKind> unit_table();
 const char* unit_kind_name(UnitKind k);  // "v100" ... "ipu-amp-half", "exact", "fp32-seq"
 UnitKind unit_kind_by_name(std::string_view name);  // throws std::invalid_argument
 const char* const* unit_names();                    // nullptr-terminated
+
+// How a unit takes operands in a block format (emu/block.hpp):
+//  mma          its block-scaled MMA consumes the blocks (b200: emu/block_mma.hpp)
+//  dequantised  the exact values of the quantised operands, as fp64 inputs (the
+//               reference units exact, fp32-seq, fp16-seq: what they compute does not
+//               depend on a hardware input format)
+//  none         it takes scalar formats only
+enum class BlockOperands { none, mma, dequantised };
+BlockOperands block_operands(UnitKind k);
 
 class MatrixUnit {
  public:

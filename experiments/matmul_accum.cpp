@@ -54,6 +54,7 @@
 #include "emu/exact_sum.hpp"
 #include "emu/round.hpp"
 #include "emu/unit.hpp"
+#include "emu/unit_request.hpp"
 #include "experiment.hpp"
 #include "operand_format.hpp"
 
@@ -67,56 +68,46 @@ bool is_ipu_unit(emu::UnitKind kind) {
   return kind == emu::UnitKind::ipu_amp || kind == emu::UnitKind::ipu_amp_half;
 }
 
-bool is_sequential(emu::UnitKind kind) { return kind == emu::UnitKind::fp32_seq || kind == emu::UnitKind::fp16_seq; }
+// The parameters, typed once.
+struct Point {
+  emu::UnitRequest request;  // unit, in_format, out_format, fused
+  std::size_t m = 0, n = 0, k = 0;
+  std::string distribution;
+  double spread = 0;
+  std::string sign;
+  emu::Rounding rounding = emu::Rounding::rne;
+};
 
-// b200 with a block format: Blackwell's block-scaled MMA, which consumes the blocks.
-bool takes_blocks(const Params& p) {
-  return operand_format_by_name(p.string("in_format")).block != nullptr &&
-         emu::unit_kind_by_name(p.string("unit")) == emu::UnitKind::b200;
+Point point_of(const Params& p) {
+  Point t;
+  t.request.unit = emu::unit_kind_by_name(p.string("unit"));
+  t.request.in = operand_format_by_name(p.string("in_format"));
+  if (const std::string& out = p.string("out_format"); !is_default_format(out)) t.request.out = emu::format_by_name(out);
+  t.request.fused = p.boolean("fused");
+  t.m = static_cast<std::size_t>(p.integer("M"));
+  t.n = static_cast<std::size_t>(p.integer("N"));
+  t.k = static_cast<std::size_t>(p.integer("K"));
+  t.distribution = p.string("distribution");
+  t.spread = p.real("spread");
+  t.sign = p.string("sign");
+  t.rounding = emu::rounding_by_name(p.string("rounding"));
+  return t;
 }
 
-std::unique_ptr<emu::BlockMmaUnit> build_block_mma_unit(const Params& p) {
-  const emu::BlockFormat& f = *operand_format_by_name(p.string("in_format")).block;
-  const std::string& out_name = p.string("out_format");
-  if (!is_default_format(out_name) && emu::format_by_name(out_name) != emu::fp32())
-    throw std::invalid_argument("out_format " + out_name + ": b200's block-scaled MMA (in_format " + f.name() +
-                                ") gives fp32 output only");
-  if (!p.boolean("fused"))
-    throw std::invalid_argument("fused = false applies to fp32-seq and fp16-seq only (unit b200)");
-  try {
-    return emu::make_block_mma_unit(emu::UnitKind::b200, f, f);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument("in_format " + f.name() + " on unit b200: " + e.what());
-  }
-}
-
-std::unique_ptr<emu::MatrixUnit> build_unit(const Params& p) {
-  const std::string& out_name = p.string("out_format");
-  const emu::UnitKind kind = emu::unit_kind_by_name(p.string("unit"));
-  const OperandFormat operands = operand_format_by_name(p.string("in_format"));
-  if (operands.block && kind != emu::UnitKind::exact && !is_sequential(kind))
-    throw std::invalid_argument("in_format " + operands.name() + " is a block format: unit b200 runs its blocks on "
-                                "the block-scaled MMA, the reference units exact, fp32-seq and fp16-seq take its "
-                                "dequantised values (unit " + p.string("unit") + " takes a scalar format)");
-  const emu::Format in = operands.block ? emu::fp64() : *operands.scalar;
-  const std::optional<emu::Format> out =
-      is_default_format(out_name) ? std::nullopt : std::optional<emu::Format>(emu::format_by_name(out_name));
-  const bool fused = p.boolean("fused");
-  if (is_sequential(kind)) return emu::make_sequential_unit(kind, fused, in, out);
-  if (!fused)
-    throw std::invalid_argument("fused = false applies to fp32-seq and fp16-seq only (unit " + p.string("unit") + ")");
-  return emu::make_unit(kind, in, out);
+// The unit the point names: b200 with a block format is the block-scaled MMA, the
+// reference units take the dequantised values (emu::resolve_unit says which takes what).
+emu::ReadyUnit ready_unit(const Point& t) {
+  return emu::resolve_unit(t.request, {"unit", "in_format", "out_format", "scale_rule", "fused"});
 }
 
 // The point index of the data stream: a hash of exactly the parameters the matrices
 // depend on (the format by its canonical name; spread only for lognormal, the one
 // distribution that reads it; spread by its bit pattern).
-std::uint32_t data_point(const Params& p) {
-  const std::string& distribution = p.string("distribution");
-  std::string key = "matmul_accum data;M=" + std::to_string(p.integer("M")) + ";N=" + std::to_string(p.integer("N")) +
-                    ";K=" + std::to_string(p.integer("K")) + ";distribution=" + distribution +
-                    ";sign=" + p.string("sign") + ";in=" + operand_format_by_name(p.string("in_format")).name();
-  if (distribution == "lognormal") key += ";spread=" + std::to_string(std::bit_cast<std::uint64_t>(p.real("spread")));
+std::uint32_t data_point(const Point& t) {
+  std::string key = "matmul_accum data;M=" + std::to_string(t.m) + ";N=" + std::to_string(t.n) +
+                    ";K=" + std::to_string(t.k) + ";distribution=" + t.distribution + ";sign=" + t.sign +
+                    ";in=" + t.request.in->name();
+  if (t.distribution == "lognormal") key += ";spread=" + std::to_string(std::bit_cast<std::uint64_t>(t.spread));
   return stable_hash32(key);
 }
 
@@ -133,54 +124,38 @@ double draw(emu::Rng& rng, const std::string& distribution, double spread, bool 
 }
 
 RunResult run(const Params& p, const RunEnv& env) {
+  const Point t = point_of(p);
   // One of the two: the block-scaled MMA (b200 with a block format), or a matrix unit.
-  const std::unique_ptr<emu::BlockMmaUnit> block_unit = takes_blocks(p) ? build_block_mma_unit(p) : nullptr;
-  const std::unique_ptr<emu::MatrixUnit> unit = block_unit ? nullptr : build_unit(p);
-  const emu::UnitKind kind = emu::unit_kind_by_name(p.string("unit"));
-  const auto m = static_cast<std::size_t>(p.integer("M"));
-  const auto n = static_cast<std::size_t>(p.integer("N"));
-  const auto k = static_cast<std::size_t>(p.integer("K"));
-  const std::string& distribution = p.string("distribution");
-  const double spread = p.real("spread");
-  const bool mixed = p.string("sign") == "mixed";
+  const emu::ReadyUnit ready = ready_unit(t);
+  const std::size_t m = t.m, n = t.n, k = t.k;
+  const bool mixed = t.sign == "mixed";
 
   emu::StreamId data_stream = env.stream;  // seed and replica
-  data_stream.point = data_point(p);
+  data_stream.point = data_point(t);
   data_stream.lane = 1;
   emu::Rng data(data_stream);
   const emu::RoundSpec input_rounding{emu::Rounding::rne, emu::Overflow::saturate, 0};
-  auto fill = [&](std::vector<double>& v) {
-    for (double& x : v) {
-      emu::Flags ignored = 0;
-      x = emu::round(unit->input_format(), draw(data, distribution, spread, mixed), input_rounding, nullptr, ignored);
-    }
-  };
   std::vector<double> A(m * k), B(k * n), C(m * n, 0.0);
-  std::vector<emu::BlockQuantized> rows, cols;  // A's rows and B's columns for the block-scaled MMA
-  const OperandFormat operands = operand_format_by_name(p.string("in_format"));
-  if (operands.block) {
-    // Raw draws, then blocks along K: the rows of A, the columns of B (transposed).
-    for (double& x : A) x = draw(data, distribution, spread, mixed);
-    std::vector<double> Bt(n * k);
-    for (std::size_t q = 0; q < k; ++q)
-      for (std::size_t j = 0; j < n; ++j) B[q * n + j] = draw(data, distribution, spread, mixed);
-    for (std::size_t q = 0; q < k; ++q)
-      for (std::size_t j = 0; j < n; ++j) Bt[j * k + q] = B[q * n + j];
-    rows = quantize_rows(*operands.block, A, k);
-    cols = quantize_rows(*operands.block, Bt, k);
-    for (std::size_t q = 0; q < k; ++q)
-      for (std::size_t j = 0; j < n; ++j) B[q * n + j] = Bt[j * k + q];
+  emu::QuantizedOperands blocks;  // A's rows and B's columns where the unit takes a block format
+  if (ready.block) {
+    // Raw draws, then blocks along K: the rows of A, the columns of B.
+    for (double& x : A) x = draw(data, t.distribution, t.spread, mixed);
+    for (double& x : B) x = draw(data, t.distribution, t.spread, mixed);
+    blocks = ready.quantize_operands(A, B, m, n, k);
   } else {
-    fill(A);
-    fill(B);
+    for (std::vector<double>* v : {&A, &B})
+      for (double& x : *v) {
+        emu::Flags ignored = 0;
+        x = emu::round(ready.unit->input_format(), draw(data, t.distribution, t.spread, mixed), input_rounding,
+                       nullptr, ignored);
+      }
   }
   if (env.cancelled()) throw Cancelled();
 
-  const emu::Rounding rounding = emu::rounding_by_name(p.string("rounding"));
   emu::FpControl control;
-  const bool esr = is_ipu_unit(kind) && rounding == emu::Rounding::sr;
+  const bool esr = is_ipu_unit(t.request.unit) && t.rounding == emu::Rounding::sr;
   control.esr = esr;
-  control.rounding = esr ? emu::Rounding::rne : rounding;
+  control.rounding = esr ? emu::Rounding::rne : t.rounding;
   emu::StreamId rounding_stream = env.stream;
   rounding_stream.lane = 2;
   emu::Context ctx(with_fp_exceptions(control, p), emu::Rng(rounding_stream));
@@ -188,18 +163,14 @@ RunResult run(const Params& p, const RunEnv& env) {
   // In blocks of rows: a cancelled run stops soon, and each gemm call is big enough for
   // the units' packed fast paths (results do not depend on the blocking).
   constexpr std::size_t kRowsPerCall = 32;
-  // nvfp4: one tensor scale for all of A, one for all of B (each row and column has it).
-  const emu::TensorScaleEpilogue epilogue =
-      block_unit ? block_unit->tensor_scale_epilogue(rows.front().tensor_scale, cols.front().tensor_scale)
-                 : emu::TensorScaleEpilogue{};
   for (std::size_t i = 0; i < m; i += kRowsPerCall) {
     if (env.cancelled()) throw Cancelled();
     const std::size_t count = std::min(kRowsPerCall, m - i);
-    if (block_unit)
-      block_unit->gemm(ctx, std::span<const emu::BlockQuantized>(rows).subspan(i, count), cols, C.data() + i * n, n,
-                       epilogue);
+    if (ready.mma)
+      ready.mma->gemm(ctx, std::span<const emu::BlockQuantized>(blocks.rows).subspan(i, count), blocks.cols,
+                      C.data() + i * n, n, blocks.epilogue);
     else
-      unit->gemm(ctx, count, n, k, A.data() + i * k, k, B.data(), n, C.data() + i * n, n);
+      ready.unit->gemm(ctx, count, n, k, A.data() + i * k, k, B.data(), n, C.data() + i * n, n);
   }
 
   double max_rel = 0, sum_rel = 0;
@@ -223,7 +194,7 @@ RunResult run(const Params& p, const RunEnv& env) {
       ++counted;
     }
 
-  const double u = (block_unit ? block_unit->output_format() : unit->output_format()).unit_roundoff();
+  const double u = ready.output_format().unit_roundoff();
   const double nan = std::numeric_limits<double>::quiet_NaN();
   RunResult result;
   result.metrics["max_rel_error"] = counted ? max_rel : nan;
@@ -247,10 +218,7 @@ std::string check_out_format(const ParamValue& v) {
 // b200 mxint8).
 std::string check_point(const Params& p) {
   try {
-    if (takes_blocks(p))
-      (void)build_block_mma_unit(p);
-    else
-      (void)build_unit(p);
+    (void)ready_unit(point_of(p));
   } catch (const std::invalid_argument& e) {
     return e.what();
   }
@@ -263,8 +231,8 @@ Experiment make_matmul_accum() {
     "accumulation error of C = A B through a matrix unit against the exact product, over K (same A, B for every unit)",
     {
         string_param("unit", "ipu-amp",
-                     "matrix unit: v100 t4 a100 ada l40s h100 h200 b200 ipu-amp ipu-amp-half exact fp32-seq fp16-seq "
-                     "(b200 with a block in_format: the block-scaled MMA)",
+                     "matrix unit: " + emu::name_list(emu::unit_table()) +
+                         " (b200 with a block in_format: the block-scaled MMA)",
                      {}, check_unit_name),
         int_param("K", 256, "inner dimension (products per result)", 1, 16777216),
         int_param("M", 8, "rows of A and C", 1, 4096),

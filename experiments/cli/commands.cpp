@@ -162,8 +162,7 @@ Prints c + sum a_i*b_i as UNIT computes it: value, bits (in the output format), 
 (raised by the unit's computation). The a_i and b_i are first rounded into the input
 format and c into the output format, with rne; the flags of those conversions are
 reported apart, as "input_flags". --in and --out default to the unit's own formats.
-Units: v100 t4 a100 ada l40s h100 h200 b200 (tensor cores), ipu-amp, ipu-amp-half,
-exact (rounded once), fp32-seq, fp16-seq (sequential fused multiply-add).
+@UNITS@
 --rounding and the other rounding options set the context; units with a fixed
 rounding (tensor cores) ignore it. --tininess (see emu round --help) applies to the
 roundings under the context and to the rounding of the inputs (the tensor cores'
@@ -631,89 +630,78 @@ int quantize_values(const std::vector<std::string>& args, Output& out) {
 
 // ---- dot and gemm ---------------------------------------------------------------
 
-}  // namespace
-
-namespace {
-
-// --scale-rule for block format f: its default rule when absent; UsageError for a name
-// that is none or a rule f does not take.
-ScaleRule scale_rule_from(const ParsedOptions& o, const BlockFormat& f) {
-  const auto r = o.get("--scale-rule");
-  if (!r) return f.default_rule();
-  ScaleRule rule;
-  try {
-    rule = scale_rule_by_name(*r);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(std::string("--scale-rule: ") + e.what());
-  }
-  if (!f.accepts(rule))
-    throw UsageError("--scale-rule " + *r + ": " + f.name() + "'s " + f.scale().name() +
-                     " scale is not a power of two (take up or nearest)");
-  return rule;
-}
-
-// --unit, required: `hint` completes the message when it is missing.
-UnitKind unit_kind_from(const ParsedOptions& o, std::string_view command, const std::string& hint) {
-  const auto name = o.get("--unit");
-  if (!name) throw UsageError("emu " + std::string(command) + ": --unit is required (" + hint + ")");
-  try {
-    return unit_kind_by_name(*name);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(std::string("--unit: ") + e.what());
-  }
-}
+// The names of the options, for emu::resolve_unit's messages.
+constexpr RequestLabels kOptionLabels{"--unit", "--in", "--out", "--scale-rule", "fused"};
 
 }  // namespace
+
+QuantizeSetup quantize_setup(const BlockFormat& f, std::optional<ScaleRule> rule, const RoundingOptions& rounding,
+                             bool overflow_given, std::optional<double> tensor_scale,
+                             const std::string& tensor_scale_text) {
+  BlockSpec spec = default_block_spec(f);
+  spec.rule = usage_checked([&] { return scale_rule_for(f, rule, "--scale-rule"); });
+  if (tensor_scale) {
+    if (!f.has_tensor_scale()) throw UsageError("--tensor-scale: " + f.name() + " has no tensor scale (nvfp4 has)");
+    const double value = *tensor_scale;
+    if (!(value > 0) || !std::isfinite(value) || !fp32().representable(value))
+      throw UsageError("--tensor-scale: '" + tensor_scale_text + "': not a positive finite fp32 value");
+    spec.tensor_scale = value;
+  }
+  Context ctx = make_context(rounding);
+  if (!overflow_given) ctx.control.overflow = Overflow::saturate;  // OCP MX elements saturate
+  spec.element = ctx.spec();
+  return {&f, spec, std::move(ctx)};
+}
 
 QuantizeSetup quantize_from(const ParsedOptions& o) {
   const auto name = o.get("--format");
   if (!name) throw UsageError("--format is required (e.g. --format mxfp4-e2m1)");
-  const BlockFormat* f = nullptr;
-  try {
-    f = &block_format_by_name(*name);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(std::string("--format: ") + e.what());
-  }
-  BlockSpec spec = default_block_spec(*f);
-  spec.rule = scale_rule_from(o, *f);
-  if (const auto t = o.get("--tensor-scale")) {
-    if (!f->has_tensor_scale()) throw UsageError("--tensor-scale: " + f->name() + " has no tensor scale (nvfp4 has)");
-    double value = 0;
+  const BlockFormat& f = *option_value("--format", [&] { return &block_format_by_name(*name); });
+  std::optional<ScaleRule> rule;
+  if (const auto r = o.get("--scale-rule")) rule = option_value("--scale-rule", [&] { return scale_rule_by_name(*r); });
+  std::optional<double> tensor_scale;
+  const auto t = o.get("--tensor-scale");
+  if (t) {
     try {
       const Exact x = parse_number(*t);
-      value = x.hi;
-      if (x.lo != 0 || x.beyond_double || !(value > 0) || !std::isfinite(value) || !fp32().representable(value))
-        throw NumberError("not a positive finite fp32 value");
+      if (x.lo != 0 || x.beyond_double) throw NumberError("not a positive finite fp32 value");
+      tensor_scale = x.hi;
     } catch (const NumberError& e) {
+      if (!f.has_tensor_scale()) throw UsageError("--tensor-scale: " + f.name() + " has no tensor scale (nvfp4 has)");
       throw UsageError("--tensor-scale: '" + *t + "': " + e.what());
     }
-    spec.tensor_scale = value;
   }
-  Context ctx = context_from(o);
-  if (!o.has("--overflow")) ctx.control.overflow = Overflow::saturate;  // OCP MX elements saturate
-  spec.element = ctx.spec();
-  return {f, spec, std::move(ctx)};
+  return quantize_setup(f, rule, rounding_options_from(o), o.has("--overflow"), tensor_scale, t.value_or(""));
 }
 
-UnitSetup unit_from(const ParsedOptions& o, std::string_view command) {
-  const UnitKind kind = unit_kind_from(o, command, "e.g. --unit exact");
-  const std::string name = *o.get("--unit");
-  std::optional<Format> in, out;
-  if (const auto v = o.get("--in"); v && is_block_format_name(*v))
-    throw UsageError("--in " + *v + ": a block format: emu dot and emu gemm take it with --unit b200");
-  if (o.has("--scale-rule")) throw UsageError("--scale-rule: only with a block format (--in mxfp8-e4m3, nvfp4, ...)");
-  if (const auto v = o.get("--in")) in = format_named("--in", *v);
-  if (const auto v = o.get("--out")) out = format_named("--out", *v);
-  UnitSetup s;
-  try {
-    s.unit = make_unit(kind, in, out);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError("--unit " + name + ": " + e.what());
+UnitRequest unit_request_from(const ParsedOptions& o, std::string_view command) {
+  UnitRequest r;
+  const auto unit = o.get("--unit"), in = o.get("--in");
+  if (!unit) {
+    const bool block = in && is_block_format_name(*in);
+    throw UsageError("emu " + std::string(command) + ": --unit is required (" +
+                     (block ? "--unit b200 for --in " + *in : std::string("e.g. --unit exact")) + ")");
   }
-  s.fixed_json = "\"unit\": " + json_string(name) + ", \"in\": " + json_string(s.unit->input_format().name()) +
-                 ", \"out\": " + json_string(s.unit->output_format().name()) +
-                 ", \"format\": " + json_string(s.unit->output_format().name()) +
-                 ", \"rounding\": " + json_string(rounding_from(o));
+  r.unit = option_value("--unit", [&] { return unit_kind_by_name(*unit); });
+  if (in) r.in = option_value("--in", [&] { return operand_format_by_name(*in); });
+  if (const auto v = o.get("--out")) r.out = format_named("--out", *v);
+  if (const auto v = o.get("--scale-rule")) r.scale_rule = option_value("--scale-rule", [&] { return scale_rule_by_name(*v); });
+  return r;
+}
+
+UnitSetup unit_setup(const UnitRequest& request, const std::string& rounding) {
+  UnitSetup s;
+  s.ready = usage_checked([&] { return resolve_unit(request, kOptionLabels); });
+  const std::string unit = unit_kind_name(s.ready.kind), in = s.ready.in_name(), out = s.ready.output_format().name();
+  s.fixed_json = "\"unit\": " + json_string(unit) + ", \"in\": " + json_string(in) + ", \"out\": " + json_string(out) +
+                 ", \"format\": " + json_string(out) + ", \"rounding\": " + json_string(rounding);
+  s.description = "unit " + unit;
+  if (s.ready.mma) {
+    const std::string kind = block_mma_kind_name(s.ready.mma->params().kind);
+    s.fixed_json += ", \"kind\": " + json_string(kind);
+    s.description += " block-scaled kind::" + kind;
+  }
+  s.description += ", in " + in + ", out " + out;
   return s;
 }
 
@@ -724,6 +712,58 @@ double convert_input(const Format& f, const Exact& x, const Context& ctx, Flags&
   RoundSpec spec;
   spec.tininess = ctx.control.tininess;
   return emu::round(f, x, spec, nullptr, flags);
+}
+
+DotResult unit_dot(const UnitSetup& s, Context& ctx, std::span<const Exact> a_exact, std::span<const Exact> b_exact,
+                   const Exact& c_exact) {
+  const ReadyUnit& u = s.ready;
+  const std::size_t k = a_exact.size();
+  DotResult r;
+  std::vector<double> a(k), b(k);
+  if (u.block) {
+    for (std::size_t i = 0; i < k; ++i) {
+      a[i] = round_nearest(fp64(), a_exact[i]);
+      b[i] = round_nearest(fp64(), b_exact[i]);
+    }
+    const QuantizedOperands q = u.quantize_operands(a, b, 1, 1, k);
+    r.epilogue = q.epilogue;
+    r.input_flags = q.rows[0].flags | q.cols[0].flags | r.epilogue.alpha_flags;
+    const double c = convert_input(u.output_format(), c_exact, ctx, r.input_flags);
+    r.value = u.mma ? u.mma->dot(ctx, q.rows[0], q.cols[0], c, r.epilogue) : u.unit->dot(ctx, k, a.data(), 1, b.data(), 1, c);
+    return r;
+  }
+  const Format& in = u.unit->input_format();
+  for (std::size_t i = 0; i < k; ++i) a[i] = convert_input(in, a_exact[i], ctx, r.input_flags);
+  for (std::size_t i = 0; i < k; ++i) b[i] = convert_input(in, b_exact[i], ctx, r.input_flags);
+  const double c = convert_input(u.output_format(), c_exact, ctx, r.input_flags);
+  r.value = u.unit->dot(ctx, k, a.data(), 1, b.data(), 1, c);
+  return r;
+}
+
+BlockGemmResult block_gemm(const UnitSetup& s, Context& ctx, std::size_t m, std::size_t n, std::size_t k,
+                           const double* A, const double* B, std::span<const Exact> C) {
+  const ReadyUnit& u = s.ready;
+  std::vector<double> a(A, A + m * k), b(B, B + k * n);
+  const QuantizedOperands q = u.quantize_operands(a, b, m, n, k);
+  BlockGemmResult r;
+  r.epilogue = q.epilogue;
+  r.values.assign(m * n, 0.0);
+  r.flags.assign(m * n, 0);
+  r.input_flags.assign(m * n, 0);
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < n; ++j) {
+      const std::size_t e = i * n + j;
+      r.input_flags[e] = q.rows[i].flags | q.cols[j].flags | r.epilogue.alpha_flags;
+      double c = C.empty() ? 0.0 : convert_input(u.output_format(), C[e], ctx, r.input_flags[e]);
+      ctx.clear_status();
+      if (u.mma)
+        c = u.mma->dot(ctx, q.rows[i], q.cols[j], c, r.epilogue);
+      else
+        u.unit->gemm(ctx, 1, 1, k, a.data() + i * k, k, b.data() + j, n, &c, 1);
+      r.values[e] = c;
+      r.flags[e] = ctx.status();
+    }
+  return r;
 }
 
 namespace {
@@ -746,117 +786,18 @@ std::vector<Exact> number_list(std::string_view option, const std::string& text)
   return values;
 }
 
-}  // namespace
-
-// ---- block formats: b200's block-scaled MMA (emu/block_mma.hpp) -------------------
-
-std::optional<BlockMmaSetup> block_mma_from(const ParsedOptions& o, std::string_view command) {
-  const auto in = o.get("--in");
-  if (!in || !is_block_format_name(*in)) return std::nullopt;
-  const UnitKind kind = unit_kind_from(o, command, "--unit b200 for --in " + *in);
-  const std::string unit_name = *o.get("--unit");
-  if (kind != UnitKind::b200)
-    throw UsageError("--unit " + unit_name + ": block formats (--in " + *in +
-                     ") are taken by --unit b200 only (Blackwell's block-scaled MMA)");
-  if (const auto v = o.get("--out"); v && format_named("--out", *v) != fp32())
-    throw UsageError("--out " + *v + ": b200's block-scaled MMA gives fp32 output only");
-  BlockMmaSetup s;
-  s.format = &block_format_by_name(*in);
-  try {
-    s.unit = make_block_mma_unit(kind, *s.format, *s.format);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError("--in " + *in + ": " + e.what());
-  }
-  s.spec = default_block_spec(*s.format);
-  s.spec.rule = scale_rule_from(o, *s.format);
-  const std::string kind_name = block_mma_kind_name(s.unit->params().kind);
-  s.fixed_json = "\"unit\": " + json_string(unit_name) + ", \"in\": " + json_string(*in) +
-                 ", \"out\": \"fp32\", \"format\": \"fp32\", \"rounding\": " + json_string(rounding_from(o)) +
-                 ", \"kind\": " + json_string(kind_name);
-  s.description = "unit " + unit_name + " block-scaled kind::" + kind_name + ", in " + *in + ", out fp32";
-  return s;
-}
-
-namespace {
-
-// `values` quantised along k, with `tensor_scale` for nvfp4.
-BlockQuantized quantize_along_k(const BlockMmaSetup& s, std::span<const double> values, double tensor_scale) {
-  BlockSpec spec = s.spec;
-  if (s.format->has_tensor_scale()) spec.tensor_scale = tensor_scale;
-  return quantize(*s.format, values, spec, nullptr);
-}
-
-double tensor_scale_of(const BlockMmaSetup& s, std::span<const double> values) {
-  return s.format->has_tensor_scale() ? default_tensor_scale(*s.format, values) : 1.0;
-}
-
-}  // namespace
-
-BlockDotResult block_dot(const BlockMmaSetup& s, Context& ctx, std::span<const double> a, std::span<const double> b,
-                         const Exact& c_exact) {
-  const double ts_a = tensor_scale_of(s, a), ts_b = tensor_scale_of(s, b);
-  const BlockQuantized qa = quantize_along_k(s, a, ts_a), qb = quantize_along_k(s, b, ts_b);
-  BlockDotResult r;
-  r.epilogue = s.unit->tensor_scale_epilogue(ts_a, ts_b);
-  r.input_flags = qa.flags | qb.flags | r.epilogue.alpha_flags;
-  const double c = convert_input(fp32(), c_exact, ctx, r.input_flags);
-  r.value = s.unit->dot(ctx, qa, qb, c, r.epilogue);
-  return r;
-}
-
-BlockGemmResult block_gemm(const BlockMmaSetup& s, Context& ctx, std::size_t m, std::size_t n, std::size_t k,
-                           const double* A, const double* B, std::span<const Exact> C) {
-  const std::span<const double> a(A, m * k), b(B, k * n);
-  const double ts_a = tensor_scale_of(s, a), ts_b = tensor_scale_of(s, b);
-  std::vector<BlockQuantized> rows, cols;
-  for (std::size_t i = 0; i < m; ++i) rows.push_back(quantize_along_k(s, a.subspan(i * k, k), ts_a));
-  std::vector<double> column(k);
-  for (std::size_t j = 0; j < n; ++j) {
-    for (std::size_t p = 0; p < k; ++p) column[p] = b[p * n + j];
-    cols.push_back(quantize_along_k(s, column, ts_b));
-  }
-  BlockGemmResult r;
-  r.epilogue = s.unit->tensor_scale_epilogue(ts_a, ts_b);
-  r.values.assign(m * n, 0.0);
-  r.flags.assign(m * n, 0);
-  r.input_flags.assign(m * n, 0);
-  for (std::size_t i = 0; i < m; ++i)
-    for (std::size_t j = 0; j < n; ++j) {
-      const std::size_t e = i * n + j;
-      r.input_flags[e] = rows[i].flags | cols[j].flags | r.epilogue.alpha_flags;
-      const double c = C.empty() ? 0.0 : convert_input(fp32(), C[e], ctx, r.input_flags[e]);
-      ctx.clear_status();
-      r.values[e] = s.unit->dot(ctx, rows[i], cols[j], c, r.epilogue);
-      r.flags[e] = ctx.status();
-    }
-  return r;
-}
-
-namespace {
-
 std::string alpha_json(const TensorScaleEpilogue& e) {
   return e.applies ? ", \"alpha\": " + json_number(e.alpha) : "";
 }
 
-std::string alpha_text(const TensorScaleEpilogue& e) {
-  return e.applies ? ", alpha " + json_number(e.alpha) : "";
-}
-
-int print_block_dot(const ParsedOptions& o, const BlockMmaSetup& s, const std::vector<Exact>& a_exact,
-                    const std::vector<Exact>& b_exact, const Exact& c_exact, Output& out) {
-  Context ctx = context_from(o);
-  std::vector<double> a, b;
-  for (const auto& x : a_exact) a.push_back(round_nearest(fp64(), x));
-  for (const auto& x : b_exact) b.push_back(round_nearest(fp64(), x));
-  const BlockDotResult r = block_dot(s, ctx, a, b, c_exact);
-  if (o.has("--json"))
-    out.line("{" + s.fixed_json + ", " + result_json(fp32(), r.value, ctx.status()) +
-             ", \"input_flags\": " + flags_json(r.input_flags) + alpha_json(r.epilogue) + "}");
-  else
-    out.line(result_text(fp32(), r.value, ctx.status()) + " (" + s.description + alpha_text(r.epilogue) +
-             "; inputs quantised with " + scale_rule_name(s.spec.rule) + " scales: flags " +
-             flags_text(r.input_flags) + ")");
-  return 0;
+// What the unit did to its inputs, for people: "; inputs rounded with rne: flags F" or
+// "; inputs quantised with R scales: flags F", after the description (and alpha).
+std::string inputs_text(const UnitSetup& s, const TensorScaleEpilogue& e, Flags input_flags) {
+  const std::string how = s.ready.block
+                              ? std::string("quantised with ") + scale_rule_name(s.ready.block_spec.rule) + " scales"
+                              : std::string("rounded with rne");
+  return s.description + (e.applies ? ", alpha " + json_number(e.alpha) : "") + "; inputs " + how + ": flags " +
+         flags_text(input_flags);
 }
 
 int dot(const std::vector<std::string>& args, Output& out) {
@@ -876,24 +817,16 @@ int dot(const std::vector<std::string>& args, Output& out) {
       throw UsageError("--c: malformed number '" + *c + "': " + e.what());
     }
   }
-  if (const auto block = block_mma_from(o, "dot")) return print_block_dot(o, *block, a_exact, b_exact, c_exact, out);
-  const UnitSetup setup = unit_from(o, "dot");
+  const UnitSetup setup = unit_setup(unit_request_from(o, "dot"), rounding_from(o));
   Context ctx = context_from(o);
-  const Format& in = setup.unit->input_format();
-  const Format& out_format = setup.unit->output_format();
-  Flags input_flags = 0;
-  std::vector<double> a, b;
-  for (const auto& x : a_exact) a.push_back(convert_input(in, x, ctx, input_flags));
-  for (const auto& x : b_exact) b.push_back(convert_input(in, x, ctx, input_flags));
-  const double c = convert_input(out_format, c_exact, ctx, input_flags);
-  const double v = setup.unit->dot(ctx, a.size(), a.data(), 1, b.data(), 1, c);
+  const DotResult r = unit_dot(setup, ctx, a_exact, b_exact, c_exact);
+  const Format& out_format = setup.ready.output_format();
   if (o.has("--json"))
-    out.line("{" + setup.fixed_json + ", " + result_json(out_format, v, ctx.status()) +
-             ", \"input_flags\": " + flags_json(input_flags) + "}");
+    out.line("{" + setup.fixed_json + ", " + result_json(out_format, r.value, ctx.status()) +
+             ", \"input_flags\": " + flags_json(r.input_flags) + alpha_json(r.epilogue) + "}");
   else
-    out.line(result_text(out_format, v, ctx.status()) + " (unit " +
-             *o.get("--unit") + ", in " + in.name() + ", out " + out_format.name() + "; inputs rounded with rne: flags " +
-             flags_text(input_flags) + ")");
+    out.line(result_text(out_format, r.value, ctx.status()) + " (" + inputs_text(setup, r.epilogue, r.input_flags) +
+             ")");
   return 0;
 }
 
@@ -952,7 +885,7 @@ void expect_rows(const Matrix& m, std::size_t rows, const std::string& why) {
 }
 
 // emu gemm with a block format (block_gemm), one line per element or per row.
-int print_block_gemm(const ParsedOptions& o, const BlockMmaSetup& s, const Matrix& A, const Matrix& B,
+int print_block_gemm(const ParsedOptions& o, const UnitSetup& s, const Matrix& A, const Matrix& B,
                      const std::optional<Matrix>& C, Output& out) {
   Context ctx = context_from(o);
   const std::size_t m = A.rows, n = B.cols, k = A.cols;
@@ -961,6 +894,7 @@ int print_block_gemm(const ParsedOptions& o, const BlockMmaSetup& s, const Matri
   for (std::size_t e = 0; e < k * n; ++e) b[e] = round_nearest(fp64(), B.values[e]);
   const BlockGemmResult r =
       block_gemm(s, ctx, m, n, k, a.data(), b.data(), C ? std::span<const Exact>(C->values) : std::span<const Exact>());
+  const Format& out_format = s.ready.output_format();
 
   const bool json = o.has("--json");
   Flags all_flags = 0, all_input_flags = 0;
@@ -972,17 +906,14 @@ int print_block_gemm(const ParsedOptions& o, const BlockMmaSetup& s, const Matri
       all_input_flags |= r.input_flags[e];
       if (json)
         out.line("{" + s.fixed_json + ", \"row\": " + std::to_string(i) + ", \"col\": " + std::to_string(j) + ", " +
-                 result_json(fp32(), r.values[e], r.flags[e]) + ", \"input_flags\": " + flags_json(r.input_flags[e]) +
-                 alpha_json(r.epilogue) + "}");
+                 result_json(out_format, r.values[e], r.flags[e]) +
+                 ", \"input_flags\": " + flags_json(r.input_flags[e]) + alpha_json(r.epilogue) + "}");
       else
-        row_text += (j ? std::string(" ") : std::string()) + shortest_decimal(fp32(), r.values[e]);
+        row_text += (j ? std::string(" ") : std::string()) + shortest_decimal(out_format, r.values[e]);
     }
     if (!json) out.line(row_text);
   }
-  if (!json)
-    out.line("flags " + flags_text(all_flags) + " (" + s.description + alpha_text(r.epilogue) +
-             "; inputs quantised with " + scale_rule_name(s.spec.rule) + " scales: flags " +
-             flags_text(all_input_flags) + ")");
+  if (!json) out.line("flags " + flags_text(all_flags) + " (" + inputs_text(s, r.epilogue, all_input_flags) + ")");
   return 0;
 }
 
@@ -990,9 +921,7 @@ int gemm(const std::vector<std::string>& args, Output& out) {
   const auto o = parse_options("gemm", args, command_options("gemm"));
   if (o.positionals.size() < 2 || o.positionals.size() > 3)
     throw UsageError("emu gemm: expected the files A.txt B.txt [C.txt]");
-  const std::optional<BlockMmaSetup> block = block_mma_from(o, "gemm");
-  UnitSetup setup;
-  if (!block) setup = unit_from(o, "gemm");
+  const UnitSetup setup = unit_setup(unit_request_from(o, "gemm"), rounding_from(o));
   Context ctx = context_from(o);
   const Matrix A = read_matrix(o.positionals[0]), B = read_matrix(o.positionals[1]);
   expect_rows(B, A.cols, "A*B with A = " + A.path + " (" + std::to_string(A.cols) + " columns)");
@@ -1004,10 +933,11 @@ int gemm(const std::vector<std::string>& args, Output& out) {
       throw UsageError(C->path + ":" + std::to_string(C->lines.front()) + ": " + std::to_string(C->cols) +
                        " columns, but A*B + C with B = " + B.path + " needs " + std::to_string(B.cols));
   }
-  if (block) return print_block_gemm(o, *block, A, B, C, out);
+  if (setup.ready.block) return print_block_gemm(o, setup, A, B, C, out);
+  const MatrixUnit& unit = *setup.ready.unit;
   const std::size_t m = A.rows, n = B.cols, k = A.cols;
-  const Format& in = setup.unit->input_format();
-  const Format& out_format = setup.unit->output_format();
+  const Format& in = unit.input_format();
+  const Format& out_format = unit.output_format();
 
   std::vector<double> a(m * k), b(k * n), c(m * n, 0.0);
   std::vector<Flags> a_row_flags(m, 0), b_col_flags(n, 0), c_flags(m * n, 0);
@@ -1025,7 +955,7 @@ int gemm(const std::vector<std::string>& args, Output& out) {
     for (std::size_t j = 0; j < n; ++j) {
       ctx.clear_status();
       double v = c[i * n + j];
-      setup.unit->gemm(ctx, 1, 1, k, a.data() + i * k, k, b.data() + j, n, &v, 1);
+      unit.gemm(ctx, 1, 1, k, a.data() + i * k, k, b.data() + j, n, &v, 1);
       const Flags input_flags = a_row_flags[i] | b_col_flags[j] | c_flags[i * n + j];
       all_flags |= ctx.status();
       all_input_flags |= input_flags;
@@ -1037,9 +967,7 @@ int gemm(const std::vector<std::string>& args, Output& out) {
     }
     if (!json) out.line(row_text);
   }
-  if (!json)
-    out.line("flags " + flags_text(all_flags) + " (unit " + *o.get("--unit") + ", in " + in.name() + ", out " +
-             out_format.name() + "; inputs rounded with rne: flags " + flags_text(all_input_flags) + ")");
+  if (!json) out.line("flags " + flags_text(all_flags) + " (" + inputs_text(setup, {}, all_input_flags) + ")");
   return 0;
 }
 
@@ -1078,7 +1006,14 @@ const char* help_text(const std::string& command) {
   if (command == "info") return kInfoHelp;
   if (command == "round") return kRoundHelp;
   if (command == "eval") return kEvalHelp;
-  if (command == "dot") return kDotHelp;
+  static const std::string dot_text = [] {
+    std::string text = kDotHelp;
+    std::string units = "Units:";
+    for (const Named<UnitKind>& row : unit_table())
+      units += "\n  " + std::string(row.name) + std::string(14 - std::string_view(row.name).size(), ' ') + row.help;
+    return text.replace(text.find("@UNITS@"), 7, units);
+  }();
+  if (command == "dot") return dot_text.c_str();
   if (command == "gemm") return kGemmHelp;
   if (command == "quantize") return kQuantizeHelp;
   return nullptr;

@@ -16,6 +16,7 @@
 #include "emu/block.hpp"
 #include "emu/block_mma.hpp"
 #include "emu/unit.hpp"
+#include "emu/unit_request.hpp"
 #include "options.hpp"
 
 namespace emu::cli {
@@ -61,63 +62,67 @@ std::vector<OptionSpec> command_options(std::string_view command);
 std::vector<std::pair<std::string, std::string>> info_fields(const Format& f);
 std::string info_json(const Format& f);
 
-// The matrix unit that --unit, --in and --out name (UsageError for a bad one).
+// The unit that --unit, --in, --out and --scale-rule name, each parsed once into its
+// typed value (UsageError naming the option). --unit is required: `hint` completes the
+// message when it is missing.
+UnitRequest unit_request_from(const ParsedOptions& o, std::string_view command);
+
+// The request resolved by emu::resolve_unit (which says which unit takes which
+// operand format; its messages name the calculator's options, as UsageError), with the
+// fixed JSON fields (unit, in, out, format = out, rounding; the block-scaled MMA adds
+// kind) and the same for people.
 struct UnitSetup {
-  std::unique_ptr<MatrixUnit> unit;
-  std::string fixed_json;  // "unit", "in", "out", "format" (= out), "rounding" fields
+  ReadyUnit ready;
+  std::string fixed_json;
+  std::string description;  // "unit U, in F, out G", "unit b200 block-scaled kind::K, in F, out fp32"
 };
-UnitSetup unit_from(const ParsedOptions& o, std::string_view command);
+UnitSetup unit_setup(const UnitRequest& request, const std::string& rounding);
 
 // emu quantize's block format (--format), spec (--scale-rule, --tensor-scale, the
-// elements' rounding, saturating unless --overflow says otherwise) and context (its sr
-// stream), with the checks and messages of the command (UsageError).
+// elements' rounding, saturating unless --overflow is given) and context (its sr
+// stream), with the checks and messages of the command (UsageError). quantize_setup
+// takes the typed values (tensor_scale_text: the value as the user wrote it, for the
+// message).
 struct QuantizeSetup {
   const BlockFormat* format = nullptr;
   BlockSpec spec;
   Context ctx;
 };
+QuantizeSetup quantize_setup(const BlockFormat& f, std::optional<ScaleRule> rule, const RoundingOptions& rounding,
+                             bool overflow_given, std::optional<double> tensor_scale,
+                             const std::string& tensor_scale_text);
 QuantizeSetup quantize_from(const ParsedOptions& o);
 
 // Rounds x into f with rne (how inputs enter a unit), collecting the flags; tininess as
 // the context says.
 double convert_input(const Format& f, const Exact& x, const Context& ctx, Flags& flags);
 
-// emu dot and emu gemm with a block format (--in): b200's block-scaled MMA for it, the
-// quantisation spec of the operands (the format's default scale rule or --scale-rule;
-// elements rne, saturating, as emu quantize) and the fixed JSON fields. Empty where --in
-// names no block format; UsageError for a unit other than b200, mxint8, --out other than
-// fp32 or a scale rule the format does not take.
-struct BlockMmaSetup {
-  const BlockFormat* format = nullptr;
-  std::unique_ptr<BlockMmaUnit> unit;
-  BlockSpec spec;
-  std::string fixed_json;   // unit, in, out, format, rounding, kind
-  std::string description;  // the same for people
-};
-std::optional<BlockMmaSetup> block_mma_from(const ParsedOptions& o, std::string_view command);
-
-// c + sum a_i b_i as emu dot computes it with a block format: a and b each quantised
-// along k (nvfp4: each with its default tensor scale), c rounded into fp32 (rne), the
-// MMA under ctx, and nvfp4's tensor scales applied by the epilogue (emu/block_mma.hpp).
-struct BlockDotResult {
+// c + sum a_i b_i as emu dot computes it. Scalar formats: a and b rounded into the
+// unit's input format, c into its output format (rne, convert_input), then the unit's
+// dot. A block format: a and b rounded to the nearest double, then each quantised along
+// k (ReadyUnit::quantize_operands; nvfp4 each with its default tensor scale), c rounded
+// into the output format (rne), then the block-scaled MMA under ctx with nvfp4's
+// epilogue (emu/block_mma.hpp), or the reference unit on the dequantised values.
+struct DotResult {
   double value = 0;
-  Flags input_flags = 0;  // the quantisation's, alpha's and c's rounding's
+  Flags input_flags = 0;  // the inputs' rounding or quantisation, alpha's, c's rounding
   TensorScaleEpilogue epilogue;
 };
-BlockDotResult block_dot(const BlockMmaSetup& s, Context& ctx, std::span<const double> a, std::span<const double> b,
-                         const Exact& c);
+DotResult unit_dot(const UnitSetup& s, Context& ctx, std::span<const Exact> a, std::span<const Exact> b,
+                   const Exact& c);
 
 // A B + C (A m x k, B k x n, row-major; C m x n, or empty for zeros) as emu gemm
 // computes it with a block format: A's rows and B's columns quantised along k (nvfp4:
-// one tensor scale for all of A, one for all of B), each element's C rounded into fp32
-// (rne), then one block-scaled dot product with the epilogue per element, row-major.
+// one tensor scale for all of A, one for all of B), each element's C rounded into the
+// output format (rne), then one dot product per element, row-major: the block-scaled
+// MMA with the epilogue, or the reference unit on the dequantised values.
 struct BlockGemmResult {
   std::vector<double> values;     // m x n, row-major
   std::vector<Flags> flags;       // per element: the unit's (ctx's status, cleared before each)
   std::vector<Flags> input_flags; // per element: its row's, its column's, alpha's and its C's
   TensorScaleEpilogue epilogue;
 };
-BlockGemmResult block_gemm(const BlockMmaSetup& s, Context& ctx, std::size_t m, std::size_t n, std::size_t k,
+BlockGemmResult block_gemm(const UnitSetup& s, Context& ctx, std::size_t m, std::size_t n, std::size_t k,
                            const double* A, const double* B, std::span<const Exact> C);
 
 }  // namespace emu::cli

@@ -69,13 +69,16 @@ std::uint64_t integer_option(std::string_view option, const std::string& value, 
                            value.find_first_not_of("0123456789") == std::string::npos;
   errno = 0;
   const unsigned long long v = digits_only ? std::strtoull(value.c_str(), nullptr, 10) : 0;
-  if (!digits_only || errno == ERANGE || v < lo || v > hi)
-    throw UsageError(std::string(option) + ": expected an integer from " + std::to_string(lo) + " to " +
-                     std::to_string(hi) + ", got '" + value + "'");
+  if (!digits_only || errno == ERANGE || v < lo || v > hi) integer_out_of_range(option, lo, hi, value);
   return v;
 }
 
 }  // namespace
+
+void integer_out_of_range(std::string_view option, std::uint64_t lo, std::uint64_t hi, const std::string& text) {
+  throw UsageError(std::string(option) + ": expected an integer from " + std::to_string(lo) + " to " +
+                   std::to_string(hi) + ", got '" + text + "'");
+}
 
 Format format_named(std::string_view option, const std::string& name) {
   try {
@@ -112,47 +115,37 @@ Flags trap_flags(const std::string& list) {
   }
 }
 
-Context context_from(const ParsedOptions& o) {
-  FpControl control;
-  try {
-    control.rounding = rounding_by_name(rounding_from(o));
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(std::string("--rounding: ") + e.what());
+RoundingOptions rounding_options_from(const ParsedOptions& o) {
+  RoundingOptions r;
+  r.rounding = option_value("--rounding", [&] { return rounding_by_name(rounding_from(o)); });
+  if (const auto v = o.get("--overflow")) r.overflow = option_value("--overflow", [&] { return overflow_by_name(*v); });
+  if (const auto v = o.get("--sr-bits")) r.sr_bits = static_cast<int>(integer_option("--sr-bits", *v, 0, 64));
+  if (const auto v = o.get("--tininess")) r.tininess = option_value("--tininess", [&] { return tininess_by_name(*v); });
+  if (const auto v = o.get("--trap")) r.traps = trap_flags(*v);
+  if (const auto v = o.get("--rng")) r.rng = option_value("--rng", [&] { return rng_kind_by_name(*v); });
+  if (const auto v = o.get("--seed")) {
+    // The hardware's $PRNG_SEED is 32 bits.
+    r.seed = r.rng == RngKind::ipu ? integer_option("--seed (with --rng ipu)", *v, 0, 0xFFFFFFFFu)
+                                   : integer_option("--seed", *v, 0, ~std::uint64_t{0});
   }
-  if (const auto v = o.get("--overflow")) {
-    try {
-      control.overflow = overflow_by_name(*v);
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(std::string("--overflow: ") + e.what());
-    }
-  }
-  if (const auto v = o.get("--sr-bits")) control.sr_bits = static_cast<int>(integer_option("--sr-bits", *v, 0, 64));
-  if (const auto v = o.get("--tininess")) {
-    try {
-      control.tininess = tininess_by_name(*v);
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(std::string("--tininess: ") + e.what());
-    }
-  }
-  if (const auto v = o.get("--trap")) control.traps = trap_flags(*v);
-  RngKind kind = RngKind::philox;
-  if (const auto v = o.get("--rng")) {
-    try {
-      kind = rng_kind_by_name(*v);
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(std::string("--rng: ") + e.what());
-    }
-  }
-  const auto seed_text = o.get("--seed");
-  if (kind == RngKind::ipu) {
-    // The hardware's $PRNG_SEED is 32 bits; S is expanded exactly as the IPU does.
-    const std::uint64_t seed = seed_text ? integer_option("--seed (with --rng ipu)", *seed_text, 0, 0xFFFFFFFFu) : 0;
-    return Context(control, Rng::ipu_from_prng_seed(static_cast<std::uint32_t>(seed)));
-  }
-  StreamId stream;
-  if (seed_text) stream.seed = integer_option("--seed", *seed_text, 0, ~std::uint64_t{0});
-  return Context(control, Rng(stream, kind));
+  return r;
 }
+
+Context make_context(const RoundingOptions& r) {
+  FpControl control;
+  control.rounding = r.rounding;
+  control.overflow = r.overflow;
+  control.sr_bits = r.sr_bits;
+  control.tininess = r.tininess;
+  control.traps = r.traps;
+  // S is expanded exactly as the IPU expands its $PRNG_SEED.
+  if (r.rng == RngKind::ipu) return Context(control, Rng::ipu_from_prng_seed(static_cast<std::uint32_t>(r.seed)));
+  StreamId stream;
+  stream.seed = r.seed;
+  return Context(control, Rng(stream, r.rng));
+}
+
+Context context_from(const ParsedOptions& o) { return make_context(rounding_options_from(o)); }
 
 std::vector<OptionSpec> rounding_options() {
   return {{"--rounding", true}, {"--seed", true},     {"--sr-bits", true}, {"--overflow", true},

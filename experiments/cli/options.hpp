@@ -3,6 +3,7 @@
 // subcommands.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -43,10 +44,46 @@ ParsedOptions parse_options(std::string_view command, const std::vector<std::str
 Format format_option(const ParsedOptions& o, std::string_view option = "--format");
 // A format named by an option value, as UsageError when unknown (listing the known ones).
 Format format_named(std::string_view option, const std::string& name);
-// --rounding --seed --sr-bits --overflow --rng --tininess (and --trap where the
-// subcommand takes it) as an emu::Context. --rng philox: the stream (seed S, point 0,
-// replica 0, lane 0), S up to 2^64 - 1; --rng ipu: the xoroshiro128aox state that the
-// IPU's $PRNG_SEED expansion of S (0..2^32 - 1) gives. Without --seed, S = 0.
+// parse() (a name looked up in one of emu's tables, ...), its std::invalid_argument as
+// UsageError "OPTION: message": how every option value becomes a typed value, once.
+template <class Parse>
+auto option_value(std::string_view option, Parse parse) -> decltype(parse()) {
+  try {
+    return parse();
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string(option) + ": " + e.what());
+  }
+}
+// parse(), its std::invalid_argument as UsageError with the same message (for messages
+// that name their options themselves, as emu::resolve_unit's do).
+template <class Parse>
+auto usage_checked(Parse parse) -> decltype(parse()) {
+  try {
+    return parse();
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+}
+// UsageError "OPTION: expected an integer from LO to HI, got 'TEXT'".
+[[noreturn]] void integer_out_of_range(std::string_view option, std::uint64_t lo, std::uint64_t hi,
+                                       const std::string& text);
+
+// The rounding options, typed: --rounding --seed --sr-bits --overflow --rng --tininess
+// and --trap. seed: --rng philox: the stream (seed S, point 0, replica 0, lane 0), S up
+// to 2^64 - 1; --rng ipu: the xoroshiro128aox state that the IPU's $PRNG_SEED
+// expansion of S (0..2^32 - 1, checked by the parser) gives.
+struct RoundingOptions {
+  emu::Rounding rounding = emu::Rounding::rne;
+  std::uint64_t seed = 0;
+  int sr_bits = 0;
+  emu::Overflow overflow = emu::Overflow::inf;
+  emu::RngKind rng = emu::RngKind::philox;
+  emu::Tininess tininess = emu::Tininess::before;
+  Flags traps = 0;
+};
+RoundingOptions rounding_options_from(const ParsedOptions& o);
+Context make_context(const RoundingOptions& r);
+// make_context(rounding_options_from(o)). Without --seed, S = 0.
 Context context_from(const ParsedOptions& o);
 // The rounding mode's name as given (default rne).
 std::string rounding_from(const ParsedOptions& o);

@@ -84,8 +84,8 @@ def _boolean(value, name):
 
 
 def _rounding(rounding, seed, sr_bits, overflow, rng, tininess):
-    # Integers go to the CLI's parser as text: it checks their range and names the option.
-    return _core.Rounding(_text(rounding, "rounding"), str(_integer(seed, "seed")), str(_integer(sr_bits, "sr_bits")),
+    # The core parses each into its typed value, with the CLI's range checks and messages.
+    return _core.Rounding(_text(rounding, "rounding"), _integer(seed, "seed"), _integer(sr_bits, "sr_bits"),
                           _text(overflow, "overflow"), _text(rng, "rng"), _text(tininess, "tininess"))
 
 
@@ -232,11 +232,10 @@ class Context:
         return self._apply("convert", format, a)
 
 
-def _unit_args(unit, in_format, out_format, rounding, seed, sr_bits, overflow, rng, tininess, scale_rule):
+def _unit(unit, in_format, out_format, rounding, scale_rule):
     optional = lambda v, n: None if v is None else _text(v, n)  # noqa: E731
-    return _core.UnitArgs(_text(unit, "unit"), optional(in_format, "in_format"), optional(out_format, "out_format"),
-                          _rounding(rounding, seed, sr_bits, overflow, rng, tininess),
-                          optional(scale_rule, "scale_rule"))
+    return _core.Unit(_text(unit, "unit"), optional(in_format, "in_format"), optional(out_format, "out_format"),
+                      optional(scale_rule, "scale_rule"), _text(rounding, "rounding"))
 
 
 def dot(a, b, c=0, *, unit, in_format=None, out_format=None, rounding="rne", seed=0, sr_bits=0, overflow="inf",
@@ -260,9 +259,9 @@ def dot(a, b, c=0, *, unit, in_format=None, out_format=None, rounding="rne", see
     c = _real_array(c, "c")
     if c.ndim != 0:
         raise ValueError("dot: c must be a scalar")
-    value, flags, input_flags, _ = _core.dot(a, b, float(c),
-                                             _unit_args(unit, in_format, out_format, rounding, seed, sr_bits,
-                                                        overflow, rng, tininess, scale_rule))
+    setup = _unit(unit, in_format, out_format, rounding, scale_rule)
+    value, flags, input_flags, _ = _core.dot(a, b, float(c), setup,
+                                             _rounding(rounding, seed, sr_bits, overflow, rng, tininess))
     return value, Flags(flags | input_flags)
 
 
@@ -279,9 +278,10 @@ def matmul(A, B, C=None, *, unit, in_format=None, out_format=None, rounding="rne
     and runs the block-scaled MMA per element, as `emu gemm --unit b200 --in FORMAT`;
     the result is float32.
     """
-    args = _unit_args(unit, in_format, out_format, rounding, seed, sr_bits, overflow, rng, tininess, scale_rule)
+    setup = _unit(unit, in_format, out_format, rounding, scale_rule)
+    r = _rounding(rounding, seed, sr_bits, overflow, rng, tininess)
     C = None if C is None else _doubles(C, "C")
-    result, flags, input_flags = _core.matmul(_doubles(A, "A"), _doubles(B, "B"), C, args)
+    result, flags, input_flags = _core.matmul(_doubles(A, "A"), _doubles(B, "B"), C, setup, r)
     return result, Flags(flags | input_flags)
 
 

@@ -1,8 +1,9 @@
 // roundoff._core: the C++ core for Python. Every function reaches emu through the same
-// code as the emu calculator: the options are given to the CLI's own parser (so the
-// checks and error messages are the CLI's), contexts come from its context_from, units
-// from its unit_from, unit inputs through its convert_input, and block formats (b200's
-// block-scaled MMA) through its block_mma_from, block_dot and block_gemm. Python-side
+// code as the emu calculator: each keyword argument is parsed once into its typed value
+// by emu's name tables with the CLI's checks and messages (option_value, named by the
+// CLI's options), contexts come from its make_context, units from emu::resolve_unit
+// through its unit_setup, and dot products and block formats through its unit_dot,
+// convert_input and block_gemm. Python-side
 // argument handling (dtypes, shapes, broadcasting, the Flags type) lives in __init__.py.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -35,27 +36,33 @@ namespace {
 using Doubles = py::array_t<double, py::array::c_style | py::array::forcecast>;
 using Floats = py::array_t<float, py::array::c_style>;
 
-// The rounding options as `emu round` spells them on its command line.
-struct Rounding {
-  std::string rounding = "rne";
-  std::string seed = "0";  // as text: the CLI's parser checks the range and says so
-  std::string sr_bits = "0";
-  std::string overflow = "inf";
-  std::string rng = "philox";
-  std::string tininess = "before";
-};
-
-std::vector<std::string> rounding_args(const Rounding& r) {
-  return {"--rounding", r.rounding, "--seed", r.seed,   "--sr-bits",  r.sr_bits,
-          "--overflow", r.overflow, "--rng",  r.rng,    "--tininess", r.tininess};
+// An integer keyword argument in [0, hi], as the calculator checks its option (same
+// message).
+std::uint64_t integer_arg(std::string_view option, const py::int_& value, std::uint64_t hi) {
+  if (value < py::int_(0) || value > py::int_(hi))
+    emu::cli::integer_out_of_range(option, 0, hi, std::string(py::str(static_cast<const py::handle&>(value))));
+  return value.cast<std::uint64_t>();
 }
 
-emu::cli::ParsedOptions parse(const char* command, std::vector<std::string> args) {
-  return emu::cli::parse_options(command, args, emu::cli::command_options(command));
+// The rounding keyword arguments, each parsed once into its typed value with the
+// calculator's checks and messages (named by its options).
+emu::cli::RoundingOptions rounding_options(const std::string& rounding, const py::int_& seed, const py::int_& sr_bits,
+                                           const std::string& overflow, const std::string& rng,
+                                           const std::string& tininess) {
+  using emu::cli::option_value;
+  emu::cli::RoundingOptions r;
+  r.rounding = option_value("--rounding", [&] { return emu::rounding_by_name(rounding); });
+  r.overflow = option_value("--overflow", [&] { return emu::overflow_by_name(overflow); });
+  r.sr_bits = static_cast<int>(integer_arg("--sr-bits", sr_bits, 64));
+  r.tininess = option_value("--tininess", [&] { return emu::tininess_by_name(tininess); });
+  r.rng = option_value("--rng", [&] { return emu::rng_kind_by_name(rng); });
+  r.seed = r.rng == emu::RngKind::ipu ? integer_arg("--seed (with --rng ipu)", seed, 0xFFFFFFFFu)
+                                      : integer_arg("--seed", seed, ~std::uint64_t{0});
+  return r;
 }
 
 emu::Format format_from(const std::string& name, bool subnormals) {
-  return emu::cli::format_option(parse("round", {"--format", name, "--subnormals", subnormals ? "on" : "off"}));
+  return emu::cli::format_named("--format", name).with_subnormals(subnormals);
 }
 
 // Whether every value of f is a float32 (then results come back as float32).
@@ -98,14 +105,14 @@ py::array result_array(const emu::Format& f, const std::vector<double>& values, 
 // function of the seed and the element's index); any other input or format: element by
 // element through emu::round in C order, sr drawing from the stream `emu round --seed`
 // uses, exactly as the calculator does.
-py::tuple round_values(const py::array& x, const std::string& format, const Rounding& r, bool subnormals,
-                       const std::optional<py::array>& out) {
+py::tuple round_values(const py::array& x, const std::string& format, const emu::cli::RoundingOptions& r,
+                       bool subnormals, const std::optional<py::array>& out) {
   const emu::Format f = format_from(format, subnormals);
-  emu::Context ctx = emu::cli::context_from(parse("round", rounding_args(r)));
+  emu::Context ctx = emu::cli::make_context(r);
   const emu::RoundSpec spec = ctx.spec();
   const auto shape = shape_of(x);
-  if (py::isinstance<Floats>(x) && r.rng == "philox" && emu::HalfRounding::supports(f, spec)) {
-    const emu::HalfRounding how(f, spec, emu::StreamId{std::stoull(r.seed)});  // checked by context_from
+  if (py::isinstance<Floats>(x) && r.rng == emu::RngKind::philox && emu::HalfRounding::supports(f, spec)) {
+    const emu::HalfRounding how(f, spec, emu::StreamId{r.seed});
     const Floats in = Floats::ensure(x);
     py::array target = result_target(f, shape, out);
     const std::size_t n = static_cast<std::size_t>(in.size());
@@ -171,10 +178,9 @@ struct ContextObject {
   bool subnormals;
 };
 
-ContextObject make_context(const Rounding& r, bool esr, const std::string& traps, bool subnormals) {
-  std::vector<std::string> args = rounding_args(r);
-  if (!traps.empty()) args.insert(args.end(), {"--trap", traps});
-  ContextObject c{emu::cli::context_from(parse("round", args)), subnormals};
+ContextObject make_context(emu::cli::RoundingOptions r, bool esr, const std::string& traps, bool subnormals) {
+  if (!traps.empty()) r.traps = emu::cli::trap_flags(traps);
+  ContextObject c{emu::cli::make_context(r), subnormals};
   c.ctx.control.esr = esr;
   return c;
 }
@@ -205,17 +211,14 @@ py::array elementwise(ContextObject& c, const std::string& format, const std::ve
 // options (--overflow only where given: elements saturate by default): (values,
 // elements, element_bits, scales, scale_bits, block_flags, tensor_scale, flags).
 py::tuple quantize_values(const Doubles& x, const std::string& format, const std::optional<std::string>& scale_rule,
-                          const Rounding& r, bool overflow_given, const std::optional<double>& tensor_scale) {
-  std::vector<std::string> args = {"--format", format, "--rounding", r.rounding, "--seed", r.seed, "--sr-bits",
-                                   r.sr_bits, "--rng", r.rng, "--tininess", r.tininess};
-  if (overflow_given) args.insert(args.end(), {"--overflow", r.overflow});
-  if (scale_rule) args.insert(args.end(), {"--scale-rule", *scale_rule});
-  if (tensor_scale) {
-    char text[64];
-    std::snprintf(text, sizeof text, "%a", *tensor_scale);  // exact
-    args.insert(args.end(), {"--tensor-scale", text});
-  }
-  emu::cli::QuantizeSetup setup = emu::cli::quantize_from(parse("quantize", args));
+                          const emu::cli::RoundingOptions& r, bool overflow_given,
+                          const std::optional<double>& tensor_scale) {
+  using emu::cli::option_value;
+  const emu::BlockFormat& block = *option_value("--format", [&] { return &emu::block_format_by_name(format); });
+  std::optional<emu::ScaleRule> rule;
+  if (scale_rule) rule = option_value("--scale-rule", [&] { return emu::scale_rule_by_name(*scale_rule); });
+  emu::cli::QuantizeSetup setup = emu::cli::quantize_setup(
+      block, rule, r, overflow_given, tensor_scale, tensor_scale ? emu::cli::json_number(*tensor_scale) : "");
   const emu::BlockFormat& f = *setup.format;
   const std::size_t n = static_cast<std::size_t>(x.size());
   emu::BlockQuantized q;
@@ -242,64 +245,41 @@ py::tuple quantize_values(const Doubles& x, const std::string& format, const std
                         static_cast<int>(q.flags));
 }
 
-std::vector<std::string> block_format_names() {
-  std::vector<std::string> out;
-  for (const char* const* name = emu::block_format_names(); *name != nullptr; ++name) out.emplace_back(*name);
-  return out;
-}
 
 // ---- dot and matmul -----------------------------------------------------------------
 
-struct UnitArgs {
-  std::string unit;
-  std::optional<std::string> in, out;
-  Rounding rounding;
-  std::optional<std::string> scale_rule;  // block formats only
-};
-
-emu::cli::ParsedOptions unit_options(const char* command, const UnitArgs& u) {
-  std::vector<std::string> args = rounding_args(u.rounding);
-  args.insert(args.end(), {"--unit", u.unit});
-  if (u.in) args.insert(args.end(), {"--in", *u.in});
-  if (u.out) args.insert(args.end(), {"--out", *u.out});
-  if (u.scale_rule) args.insert(args.end(), {"--scale-rule", *u.scale_rule});
-  return parse(command, args);
+// The unit keyword arguments, each parsed once into the typed request (named by the
+// calculator's options in the messages), resolved as emu dot and emu gemm resolve them.
+emu::cli::UnitSetup unit_setup(const std::string& unit, const std::optional<std::string>& in,
+                               const std::optional<std::string>& out, const std::optional<std::string>& scale_rule,
+                               const std::string& rounding) {
+  using emu::cli::option_value;
+  emu::UnitRequest r;
+  r.unit = option_value("--unit", [&] { return emu::unit_kind_by_name(unit); });
+  if (in) r.in = option_value("--in", [&] { return emu::operand_format_by_name(*in); });
+  if (out) r.out = emu::cli::format_named("--out", *out);
+  if (scale_rule) r.scale_rule = option_value("--scale-rule", [&] { return emu::scale_rule_by_name(*scale_rule); });
+  return emu::cli::unit_setup(r, rounding);
 }
 
-// A block format (b200's block-scaled MMA) through the CLI's own block_dot.
-py::tuple block_dot(const emu::cli::BlockMmaSetup& setup, emu::Context& ctx, const Doubles& a, const Doubles& b,
-                    double c_value) {
-  const std::size_t k = static_cast<std::size_t>(a.size());
-  emu::cli::BlockDotResult r;
-  {
-    py::gil_scoped_release release;
-    r = emu::cli::block_dot(setup, ctx, {a.data(), k}, {b.data(), k}, emu::Exact{c_value});
-  }
-  return py::make_tuple(r.value, static_cast<int>(ctx.status()), static_cast<int>(r.input_flags), "fp32");
-}
-
-py::tuple dot(const Doubles& a, const Doubles& b, double c_value, const UnitArgs& u) {
-  const auto o = unit_options("dot", u);
+py::tuple dot(const Doubles& a, const Doubles& b, double c_value, const emu::cli::UnitSetup& setup,
+              const emu::cli::RoundingOptions& r) {
   if (a.size() != b.size())
     throw UsageError("emu dot: --a has " + std::to_string(a.size()) + " values but --b has " + std::to_string(b.size()));
-  emu::Context ctx = emu::cli::context_from(o);
-  if (const auto block = emu::cli::block_mma_from(o, "dot")) return block_dot(*block, ctx, a, b, c_value);
-  const emu::cli::UnitSetup setup = emu::cli::unit_from(o, "dot");
+  emu::Context ctx = emu::cli::make_context(r);
   const std::size_t k = static_cast<std::size_t>(a.size());
-  emu::Flags input_flags = 0;
-  std::vector<double> av(k), bv(k);
-  double v;
+  std::vector<emu::Exact> av(k), bv(k);
+  for (std::size_t i = 0; i < k; ++i) {
+    av[i] = emu::Exact{a.data()[i]};
+    bv[i] = emu::Exact{b.data()[i]};
+  }
+  emu::cli::DotResult result;
   {
     py::gil_scoped_release release;
-    for (std::size_t i = 0; i < k; ++i) {
-      av[i] = emu::cli::convert_input(setup.unit->input_format(), emu::Exact{a.data()[i]}, ctx, input_flags);
-      bv[i] = emu::cli::convert_input(setup.unit->input_format(), emu::Exact{b.data()[i]}, ctx, input_flags);
-    }
-    const double c = emu::cli::convert_input(setup.unit->output_format(), emu::Exact{c_value}, ctx, input_flags);
-    v = setup.unit->dot(ctx, k, av.data(), 1, bv.data(), 1, c);
+    result = emu::cli::unit_dot(setup, ctx, av, bv, emu::Exact{c_value});
   }
-  return py::make_tuple(v, static_cast<int>(ctx.status()), static_cast<int>(input_flags),
-                        setup.unit->output_format().name());
+  return py::make_tuple(result.value, static_cast<int>(ctx.status()), static_cast<int>(result.input_flags),
+                        setup.ready.output_format().name());
 }
 
 // x's values rounded into f as `emu gemm` rounds its inputs (convert_input): x's own
@@ -315,8 +295,8 @@ const double* unit_input(const emu::Format& f, const Doubles& x, std::vector<dou
   return copy.data();
 }
 
-// A block format (b200's block-scaled MMA) through the CLI's own block_gemm.
-py::tuple block_matmul(const emu::cli::BlockMmaSetup& setup, emu::Context& ctx, const Doubles& A, const Doubles& B,
+// A block format through the CLI's own block_gemm.
+py::tuple block_matmul(const emu::cli::UnitSetup& setup, emu::Context& ctx, const Doubles& A, const Doubles& B,
                        const std::optional<Doubles>& C) {
   const std::size_t m = A.shape(0), k = A.shape(1), n = B.shape(1);
   std::vector<emu::Exact> c;
@@ -332,16 +312,14 @@ py::tuple block_matmul(const emu::cli::BlockMmaSetup& setup, emu::Context& ctx, 
     flags |= r.flags[e];
     input_flags |= r.input_flags[e];
   }
-  return py::make_tuple(result_array(emu::fp32(), r.values, {static_cast<py::ssize_t>(m), static_cast<py::ssize_t>(n)}),
+  const emu::Format& out = setup.ready.output_format();
+  return py::make_tuple(result_array(out, r.values, {static_cast<py::ssize_t>(m), static_cast<py::ssize_t>(n)}),
                         static_cast<int>(flags), static_cast<int>(input_flags));
 }
 
-py::tuple matmul(const Doubles& A, const Doubles& B, const std::optional<Doubles>& C, const UnitArgs& u) {
-  const auto o = unit_options("gemm", u);
-  const std::optional<emu::cli::BlockMmaSetup> block = emu::cli::block_mma_from(o, "gemm");
-  emu::cli::UnitSetup setup;
-  if (!block) setup = emu::cli::unit_from(o, "gemm");
-  emu::Context ctx = emu::cli::context_from(o);
+py::tuple matmul(const Doubles& A, const Doubles& B, const std::optional<Doubles>& C, const emu::cli::UnitSetup& setup,
+                 const emu::cli::RoundingOptions& r) {
+  emu::Context ctx = emu::cli::make_context(r);
   if (A.ndim() != 2 || B.ndim() != 2 || (C && C->ndim() != 2))
     throw py::value_error("matmul: A, B and C must be matrices (2 dimensions)");
   const std::size_t m = A.shape(0), k = A.shape(1), n = B.shape(1);
@@ -351,9 +329,10 @@ py::tuple matmul(const Doubles& A, const Doubles& B, const std::optional<Doubles
   if (C && (static_cast<std::size_t>(C->shape(0)) != m || static_cast<std::size_t>(C->shape(1)) != n))
     throw UsageError("matmul: C is " + std::to_string(C->shape(0)) + " x " + std::to_string(C->shape(1)) +
                      ", but A*B + C needs " + std::to_string(m) + " x " + std::to_string(n));
-  if (block) return block_matmul(*block, ctx, A, B, C);
-  const emu::Format& in = setup.unit->input_format();
-  const emu::Format& out = setup.unit->output_format();
+  if (setup.ready.block) return block_matmul(setup, ctx, A, B, C);
+  const emu::MatrixUnit& unit = *setup.ready.unit;
+  const emu::Format& in = unit.input_format();
+  const emu::Format& out = unit.output_format();
   std::vector<double> a_copy, b_copy, c(m * n, 0.0);
   emu::Flags input_flags = 0;
   {
@@ -362,7 +341,7 @@ py::tuple matmul(const Doubles& A, const Doubles& B, const std::optional<Doubles
     const double* b = unit_input(in, B, b_copy, ctx, input_flags);
     if (C)
       for (std::size_t e = 0; e < m * n; ++e) c[e] = emu::cli::convert_input(out, emu::Exact{C->data()[e]}, ctx, input_flags);
-    setup.unit->gemm(ctx, m, n, k, a, k, b, n, c.data(), n);
+    unit.gemm(ctx, m, n, k, a, k, b, n, c.data(), n);
   }
   return py::make_tuple(result_array(out, c, {static_cast<py::ssize_t>(m), static_cast<py::ssize_t>(n)}),
                         static_cast<int>(ctx.status()), static_cast<int>(input_flags));
@@ -391,10 +370,11 @@ double best_time(int repeats, Work work) {
 }
 
 // The C++ kernel alone: round_to_float on x into a preallocated array.
-double time_round_kernel(const Floats& x, const std::string& format, const Rounding& r, int repeats) {
+double time_round_kernel(const Floats& x, const std::string& format, const emu::cli::RoundingOptions& r,
+                         int repeats) {
   const emu::Format f = format_from(format, true);
-  const emu::Context ctx = emu::cli::context_from(parse("round", rounding_args(r)));
-  const emu::HalfRounding how(f, ctx.spec(), emu::StreamId{std::stoull(r.seed)});
+  const emu::Context ctx = emu::cli::make_context(r);
+  const emu::HalfRounding how(f, ctx.spec(), emu::StreamId{r.seed});
   const std::size_t n = static_cast<std::size_t>(x.size());
   std::vector<float> out(n);
   py::gil_scoped_release release;
@@ -403,21 +383,22 @@ double time_round_kernel(const Floats& x, const std::string& format, const Round
 
 // The unit's gemm alone on inputs already in its formats (as benchmarks/gemm_bench.cpp).
 double time_unit_gemm(const Doubles& A, const Doubles& B, const std::string& unit, int repeats) {
-  const auto o = unit_options("gemm", UnitArgs{unit, std::nullopt, std::nullopt, Rounding{}, std::nullopt});
-  const emu::cli::UnitSetup setup = emu::cli::unit_from(o, "gemm");
-  emu::Context ctx = emu::cli::context_from(o);
+  const emu::cli::UnitSetup setup = unit_setup(unit, std::nullopt, std::nullopt, std::nullopt, "rne");
+  emu::Context ctx = emu::cli::make_context({});
   const std::size_t m = A.shape(0), k = A.shape(1), n = B.shape(1);
   std::vector<double> c(m * n);
   py::gil_scoped_release release;
   return best_time(repeats, [&] {
     std::fill(c.begin(), c.end(), 0.0);
-    setup.unit->gemm(ctx, m, n, k, A.data(), k, B.data(), n, c.data(), n);
+    setup.ready.unit->gemm(ctx, m, n, k, A.data(), k, B.data(), n, c.data(), n);
   });
 }
 
-std::vector<std::string> names(const char* const* list) {
+// A table's names, for formats(), units() and block_formats().
+template <class T>
+std::vector<std::string> names(emu::NameTable<T> table) {
   std::vector<std::string> out;
-  for (; *list != nullptr; ++list) out.emplace_back(*list);
+  for (const emu::Named<T>& row : table) out.emplace_back(row.name);
   return out;
 }
 
@@ -447,12 +428,12 @@ PYBIND11_MODULE(_core, m) {
     }
   });
 
-  py::class_<Rounding>(m, "Rounding")
-      .def(py::init<std::string, std::string, std::string, std::string, std::string, std::string>(), py::arg("rounding"),
-           py::arg("seed"), py::arg("sr_bits"), py::arg("overflow"), py::arg("rng"), py::arg("tininess"));
-  py::class_<UnitArgs>(m, "UnitArgs")
-      .def(py::init<std::string, std::optional<std::string>, std::optional<std::string>, Rounding,
-                    std::optional<std::string>>());
+  py::class_<emu::cli::RoundingOptions>(m, "Rounding")
+      .def(py::init(&rounding_options), py::arg("rounding"), py::arg("seed"), py::arg("sr_bits"), py::arg("overflow"),
+           py::arg("rng"), py::arg("tininess"));
+  py::class_<emu::cli::UnitSetup>(m, "Unit")
+      .def(py::init(&unit_setup), py::arg("unit"), py::arg("in_format"), py::arg("out_format"), py::arg("scale_rule"),
+           py::arg("rounding"));
 
   m.def("round", &round_values, py::arg("x"), py::arg("format"), py::arg("rounding"), py::arg("subnormals"),
         py::arg("out") = py::none());
@@ -461,12 +442,12 @@ PYBIND11_MODULE(_core, m) {
   m.def("info_json", [](const std::string& format, bool subnormals) {
     return emu::cli::info_json(format_from(format, subnormals));
   });
-  m.def("formats", [] { return names(emu::format_names()); });
-  m.def("units", [] { return names(emu::unit_names()); });
+  m.def("formats", [] { return names(emu::format_table()); });
+  m.def("units", [] { return names(emu::unit_table()); });
   m.def("dot", &dot);
   m.def("matmul", &matmul);
   m.def("quantize", &quantize_values);
-  m.def("block_formats", &block_format_names);
+  m.def("block_formats", [] { return names(emu::block_format_table()); });
   m.def("flag_names", [] {
     std::vector<std::pair<std::string, int>> out;
     for (emu::Flag f : emu::kAllFlags) out.emplace_back(emu::flag_name(f), static_cast<int>(f));

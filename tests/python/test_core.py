@@ -3,6 +3,7 @@ inputs, against exact arithmetic (fractions.Fraction) and numpy.float16, and its
 import json
 import math
 import os
+import re
 import subprocess
 from fractions import Fraction
 
@@ -453,3 +454,18 @@ def test_submodules_load_lazily():
     assert done.stdout.strip() == "['roundoff._core']"
     with pytest.raises(AttributeError):
         roundoff.no_such_thing  # noqa: B018
+
+
+def test_name_lists_are_emus_and_documented():
+    # formats(), units() and block_formats() are emu's tables: the calculator's help and
+    # configs/README.md name every one (tests/cli/test_names.cpp checks the tables).
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "configs", "README.md")).read()
+    main_help = subprocess.run([EMU, "--help"], capture_output=True, text=True, check=True).stdout
+    dot_help = subprocess.run([EMU, "dot", "--help"], capture_output=True, text=True, check=True).stdout
+    word = lambda name, text: re.search(r"(?<![\w-])" + re.escape(name) + r"(?![\w]|-\w)", text)  # noqa: E731
+    assert roundoff.formats()[:2] == ["fp64", "fp32"] and "nvfp4" in roundoff.block_formats()
+    for name in roundoff.formats() + roundoff.block_formats():
+        assert word(name, main_help) and word(name, readme), name
+    for name in roundoff.units():
+        assert word(name, dot_help) and word(name, readme), name
+        roundoff.dot([1.0], [1.0], unit=name)  # every listed unit runs
