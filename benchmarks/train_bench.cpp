@@ -28,8 +28,8 @@
 
 #include "emu/amp.hpp"
 #include "emu/unit.hpp"
-#include "experiments/datasets.hpp"
-#include "experiments/mlp.hpp"
+#include "experiments/nn/datasets.hpp"
+#include "experiments/nn/mlp.hpp"
 #include "float_convnets.hpp"
 
 namespace {
@@ -385,7 +385,7 @@ void bench_conv_model(const std::shared_ptr<const Split>& images, roundoff::trai
   }
   if (kind != ModelKind::convnet || !measured("ipu-amp")) return;
   // One Fashion-MNIST epoch of the convnet on ipu-amp with every core: a run computes a
-  // layer's images, channels and row blocks in parallel (experiments/layers.hpp).
+  // layer's images, channels and row blocks in parallel (experiments/nn/layers.hpp).
   spec.unit = "ipu-amp";
   roundoff::train::Trainer trainer(spec, images, kSeed, 0, emu::StreamId{kSeed, 0, 0, 3});
   constexpr int kEpochSteps = 30;

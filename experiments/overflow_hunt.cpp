@@ -1,5 +1,5 @@
 // overflow_hunt: the FLAN-T5 float16 port's hunt for overflows, on a small T5-style
-// encoder (experiments/t5_encoder.hpp) run forward with every operation emulated and
+// encoder (experiments/nn/t5_encoder.hpp) run forward with every operation emulated and
 // named, and the port's fixes as parameters.
 //  - Published overflows (Graphcore, "Running Flan-T5-XL inference in Float16 for IPU -
 //    how we did it", 2023): the additive attention mask (T5 adds finfo(fp16).min =
@@ -30,7 +30,7 @@
 #include "emu/format.hpp"
 #include "emu/unit.hpp"
 #include "experiment.hpp"
-#include "t5_encoder.hpp"
+#include "nn/t5_encoder.hpp"
 
 namespace roundoff {
 

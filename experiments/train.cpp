@@ -1,5 +1,5 @@
 // train: an MLP with batch norm trained on emulated arithmetic, comparing update
-// strategies, optimisers, loss scaling and per-tensor formats (see experiments/mlp.hpp).
+// strategies, optimisers, loss scaling and per-tensor formats (see experiments/nn/mlp.hpp).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <utility>
 
-#include "mlp.hpp"
+#include "nn/mlp.hpp"
 
 namespace roundoff::train {
 

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <limits>
 
-#include "mlp.hpp"
+#include "nn/mlp.hpp"
 
 namespace roundoff::train {
 

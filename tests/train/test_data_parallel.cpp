@@ -16,8 +16,8 @@
 #include <random>
 #include <vector>
 
-#include "experiments/data_parallel.hpp"
-#include "experiments/mlp.hpp"
+#include "experiments/nn/data_parallel.hpp"
+#include "experiments/nn/mlp.hpp"
 #include "tests/run_experiment.hpp"
 
 using namespace roundoff;

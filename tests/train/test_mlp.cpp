@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "experiments/mlp.hpp"
+#include "experiments/nn/mlp.hpp"
 #include "tests/run_experiment.hpp"
 
 using namespace roundoff;

@@ -16,7 +16,7 @@
 
 #include "data_parallel.hpp"
 #include "datasets.hpp"
-#include "experiment.hpp"
+#include "experiments/experiment.hpp"
 #include "emu/arith.hpp"
 #include "emu/format.hpp"
 #include "emu/unit.hpp"
