@@ -154,7 +154,7 @@ std::string check_block_format_name(const ParamValue& v) {
   return "";
 }
 
-Experiment block_quant_experiment() {
+Experiment make_block_quant() {
   Experiment e;
   e.name = "block_quant";
   e.description = "quantisation error (RMS, max, relative, bias) of OCP MX and NVFP4 block formats over "
@@ -220,7 +220,7 @@ Experiment block_quant_experiment() {
   return e;
 }
 
-const Registration registration(block_quant_experiment());
+const Registration registration(make_block_quant());
 
 }  // namespace
 

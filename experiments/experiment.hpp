@@ -159,7 +159,11 @@ bool takes_fp_exceptions(const Experiment& e);
 const std::vector<Experiment>& experiments();
 const Experiment* find_experiment(const std::string& name);
 
-// Registration from each experiment's own file: a static Registration object.
+// Registration from each experiment's own file, one way for all: a function
+// `Experiment make_<name>()` that fills the fields by name, then
+//     const Registration registration(make_<name>());
+// (a named factory tests and tools can call; fields by name, not by position, so a new
+// field of Experiment moves nothing).
 struct Registration {
   explicit Registration(Experiment e);
 };

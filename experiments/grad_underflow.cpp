@@ -167,7 +167,7 @@ Experiment make_grad_underflow() {
   return e;
 }
 
-const Registration registration{make_grad_underflow()};
+const Registration registration(make_grad_underflow());
 
 }  // namespace
 

@@ -299,21 +299,25 @@ std::vector<MetricSpec> metrics() {
   return m;
 }
 
-const Registration registration(Experiment{
-    "overflow_hunt",
-    "FLAN-T5's fp16 overflows (mask add, GeLU cube, residual adds, wo) on a T5-style encoder, with the port's fixes",
-    params(),
-    metrics(),
-    "oflo_total",
-    {},
-    run,
-    check_point,
-    {},
-    "scopes: encoder.block<b>.attn.<op> and encoder.block<b>.ffn.<op> (the op list of configs/README.md: "
-    "attn.norm ... ffn.residual_add), encoder.final_norm; element = [row, column] of the op's output, "
-    "[head, query, key] for per-head tensors, [row] for a norm's per-row statistics; the fp32 reference run is "
-    "not counted. nanoo: false saturates to +-max (the IPU with NANOO off)",
-});
+Experiment make_overflow_hunt() {
+  Experiment e;
+  e.name = "overflow_hunt";
+  e.description =
+      "FLAN-T5's fp16 overflows (mask add, GeLU cube, residual adds, wo) on a T5-style encoder, with the port's fixes";
+  e.params = params();
+  e.metrics = metrics();
+  e.headline_metric = "oflo_total";
+  e.run = run;
+  e.check_point = check_point;
+  e.fp_exceptions_note =
+      "scopes: encoder.block<b>.attn.<op> and encoder.block<b>.ffn.<op> (the op list of configs/README.md: "
+      "attn.norm ... ffn.residual_add), encoder.final_norm; element = [row, column] of the op's output, "
+      "[head, query, key] for per-head tensors, [row] for a norm's per-row statistics; the fp32 reference run is "
+      "not counted. nanoo: false saturates to +-max (the IPU with NANOO off)";
+  return e;
+}
+
+const Registration registration(make_overflow_hunt());
 
 }  // namespace
 

@@ -133,7 +133,7 @@ RunResult run_summation(const Params& p, const RunEnv& env) {
   return r;
 }
 
-Experiment summation_experiment() {
+Experiment make_summation() {
   Experiment e;
   e.name = "summation";
   e.description = "sum of n terms of a series in a format: recursive, pairwise or Kahan; error vs the exact sum";
@@ -191,7 +191,7 @@ Experiment summation_experiment() {
   return e;
 }
 
-const Registration registration(summation_experiment());
+const Registration registration(make_summation());
 
 }  // namespace
 

@@ -643,7 +643,7 @@ Experiment make_train() {
   return e;
 }
 
-const Registration registration{make_train()};
+const Registration registration(make_train());
 
 }  // namespace
 

@@ -127,7 +127,7 @@ Experiment make_updates() {
   return e;
 }
 
-const Registration registration{make_updates()};
+const Registration registration(make_updates());
 
 }  // namespace
 
