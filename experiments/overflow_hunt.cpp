@@ -70,10 +70,6 @@ t5::Shape shape_of(const Params& p) {
   return s;
 }
 
-std::unique_ptr<emu::MatrixUnit> build_unit(const Params& p) {
-  return emu::make_unit(emu::unit_kind_by_name(p.string("unit")), emu::format_by_name(p.string("format")));
-}
-
 emu::Flags enabled_flags(const Params& p) {
   emu::Flags enabled = 0;
   for (const FlagName& f : kFlags)
@@ -116,9 +112,9 @@ RunResult run(const Params& p, const RunEnv& env) {
   scales.outlier_channels = static_cast<int>(p.integer("outlier_channels"));
   scales.outlier_scale = p.real("outlier_scale");
 
-  const auto unit = build_unit(p);
   t5::Numerics num;
   num.format = emu::format_by_name(p.string("format"));
+  const auto unit = emu::make_unit(emu::unit_kind_by_name(p.string("unit")), num.format);
   num.unit = unit.get();
   num.norm_fp32 = p.boolean("norm_fp32");
   num.softmax_fp32 = p.boolean("softmax_fp32");
@@ -201,12 +197,13 @@ RunResult run(const Params& p, const RunEnv& env) {
 std::string check_point(const Params& p) {
   const std::string& unit = p.string("unit");
   const std::string& format = p.string("format");
+  const emu::Format input = emu::format_by_name(format);
   try {
-    (void)build_unit(p);
+    (void)emu::make_unit(emu::unit_kind_by_name(unit), input);
   } catch (const std::invalid_argument& e) {
     return "unit " + unit + " does not take format " + format + " (its matmul input format): " + e.what();
   }
-  if (emu::format_by_name(format).precision() > 26)
+  if (input.precision() > 26)
     return "format " + format + " has more than 26 significant bits (the model runs in formats up to fp32)";
   if (p.integer("pad") >= p.integer("seq")) return "pad must be less than seq (every query needs a real key)";
   if (p.integer("outlier_channels") > p.integer("d_model")) return "outlier_channels must be at most d_model";
