@@ -1,4 +1,4 @@
-// Plain float32 training of the convolutional models of experiments/convnets.hpp (the
+// Plain float32 training of the convolutional models of experiments/nn/convnets.hpp (the
 // same layers and shapes, He initialisation, plain SGD, softmax cross-entropy): the
 // reference bench_train measures the emulated models against. Convolutions are im2col
 // (per image, C K K x OH OW) and single-threaded sgemm, from OpenBLAS where the build

@@ -28,8 +28,9 @@
 
 #include "emu/amp.hpp"
 #include "emu/unit.hpp"
-#include "experiments/datasets.hpp"
-#include "experiments/mlp.hpp"
+#include "experiments/data_file.hpp"
+#include "experiments/experiment.hpp"
+#include "experiments/nn/mlp.hpp"
 #include "float_convnets.hpp"
 
 namespace {
@@ -290,8 +291,8 @@ void report_counting(const std::shared_ptr<const Split>& data, roundoff::train::
   std::uint64_t counted = 0;
   for (const emu::OpCount& c : count.fp_counts()) counted += c.count;
   const double off_ms = 1e3 * kBatch / off_rate.mean(), count_ms = 1e3 * kBatch / count_rate.mean();
-  std::printf("%-13s %-14s %6d %12.2f %12.2f %9.3f %9.3f %8llu %s\n", spec.unit.c_str(), scale.c_str(), off_rate.steps(),
-              off_ms, count_ms, count_ms / off_ms, off_rate.best() / count_rate.best(),
+  std::printf("%-13s %-14s %6d %12.2f %12.2f %9.3f %9.3f %8llu %s\n", emu::unit_kind_name(spec.unit), scale.c_str(),
+              off_rate.steps(), off_ms, count_ms, count_ms / off_ms, off_rate.best() / count_rate.best(),
               static_cast<unsigned long long>(counted / static_cast<std::uint64_t>(count_rate.steps())),
               same_losses ? "yes" : "NO");
   std::fflush(stdout);
@@ -380,13 +381,13 @@ void bench_conv_model(const std::shared_ptr<const Split>& images, roundoff::trai
   report("fp32 baseline");
   spec.rule = roundoff::train::UpdateRule::fp32_master;
   for (const char* name : units_to_measure()) {
-    spec.unit = name;
+    spec.unit = emu::unit_kind_by_name(name);
     report(name);
   }
   if (kind != ModelKind::convnet || !measured("ipu-amp")) return;
   // One Fashion-MNIST epoch of the convnet on ipu-amp with every core: a run computes a
-  // layer's images, channels and row blocks in parallel (experiments/layers.hpp).
-  spec.unit = "ipu-amp";
+  // layer's images, channels and row blocks in parallel (experiments/nn/layers.hpp).
+  spec.unit = emu::UnitKind::ipu_amp;
   roundoff::train::Trainer trainer(spec, images, kSeed, 0, emu::StreamId{kSeed, 0, 0, 3});
   constexpr int kEpochSteps = 30;
   const auto start = std::chrono::steady_clock::now();
@@ -454,7 +455,7 @@ int main(int argc, char** argv) {
   report("fp32 baseline", spec);
   spec.rule = roundoff::train::UpdateRule::fp32_master;
   for (const char* name : units_to_measure()) {
-    spec.unit = name;
+    spec.unit = emu::unit_kind_by_name(name);
     report(name, spec);
   }
   std::printf("\nemu/float: emulated samples/s divided by the float32 reference's (same data, same run);\n"
@@ -469,7 +470,7 @@ int main(int argc, char** argv) {
   for (const char* unit : {"fp32-seq", "ipu-amp", "ipu-amp-half", "a100"})
     for (const char* scaling : measured(unit) ? std::vector<const char*>{"128", "dynamic/2", "1e9 skip"}
                                               : std::vector<const char*>{}) {
-      spec.unit = unit;
+      spec.unit = emu::unit_kind_by_name(unit);
       const std::string how = scaling;
       roundoff::train::parse_loss_scale(how == "128" ? "128" : "dynamic", spec);
       spec.scale = how == "128" ? 128.0 : how == "dynamic/2" ? 65536.0 : 1e9;

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,64 +32,92 @@ namespace {
 
 constexpr double kUndefined = std::numeric_limits<double>::quiet_NaN();
 
-std::uint32_t data_point(const Params& p) {
-  const std::string& distribution = p.string("distribution");
-  auto bits = [&](const char* name) { return std::to_string(std::bit_cast<std::uint64_t>(p.real(name))); };
-  std::string key = "block_quant data;n=" + std::to_string(p.integer("n")) + ";distribution=" + distribution;
-  if (distribution == "outliers") key += ";fraction=" + bits("outlier_fraction") + ";k=" + bits("outlier_sigma");
-  if (distribution == "lognormal") key += ";spread=" + bits("spread");
+enum class Distribution { normal, outliers, laplace, lognormal };
+constexpr const char* kDistributionNames[] = {"normal", "outliers", "laplace", "lognormal"};
+constexpr const char* kScaleRuleNames[] = {"default", "floor", "ceil", "even", "up", "nearest"};
+
+// A point's parameters, typed once.
+struct Point {
+  const emu::BlockFormat& format;
+  std::optional<emu::ScaleRule> scale_rule;  // nullopt: the format's default
+  emu::FpControl control;
+  Distribution distribution;
+  double outlier_fraction, outlier_sigma, spread, scale;
+  std::size_t n;
+
+  explicit Point(const Params& p)
+      : format(emu::block_format_by_name(p.string("format"))),
+        scale_rule(p.string("scale_rule") == "default"
+                       ? std::nullopt
+                       : std::optional(emu::scale_rule_by_name(p.string("scale_rule")))),
+        control(with_fp_exceptions(emu::FpControl{.rounding = emu::rounding_by_name(p.string("rounding")),
+                                                  .overflow = emu::overflow_by_name(p.string("overflow")),
+                                                  .sr_bits = static_cast<int>(p.integer("sr_bits"))},
+                                   p)),
+        distribution(p.choice<Distribution>("distribution", kDistributionNames)),
+        outlier_fraction(p.real("outlier_fraction")),
+        outlier_sigma(p.real("outlier_sigma")),
+        spread(p.real("spread")),
+        scale(p.real("scale")),
+        n(static_cast<std::size_t>(p.integer("n"))) {}
+};
+
+// The data's point index: a hash of exactly the parameters the values depend on.
+std::uint32_t data_point(const Point& p) {
+  auto bits = [](double v) { return std::to_string(std::bit_cast<std::uint64_t>(v)); };
+  std::string key = "block_quant data;n=" + std::to_string(p.n) +
+                    ";distribution=" + kDistributionNames[static_cast<int>(p.distribution)];
+  if (p.distribution == Distribution::outliers)
+    key += ";fraction=" + bits(p.outlier_fraction) + ";k=" + bits(p.outlier_sigma);
+  if (p.distribution == Distribution::lognormal) key += ";spread=" + bits(p.spread);
   return stable_hash32(key);
 }
 
 // Unit variance for normal, laplace and outliers' bulk; lognormal: exp(spread N(0, 1)).
-double draw(emu::Rng& rng, const Params& p, const std::string& distribution) {
-  if (distribution == "normal") return rng.normal();
-  if (distribution == "outliers") {
-    const double z = rng.normal();
-    if (rng.uniform() < p.real("outlier_fraction")) return std::copysign(p.real("outlier_sigma"), z);
-    return z;
+double draw(emu::Rng& rng, const Point& p) {
+  switch (p.distribution) {
+    case Distribution::normal: return rng.normal();
+    case Distribution::outliers: {
+      const double z = rng.normal();
+      if (rng.uniform() < p.outlier_fraction) return std::copysign(p.outlier_sigma, z);
+      return z;
+    }
+    case Distribution::laplace: {
+      // Inverse CDF with b = 1/sqrt(2) (variance 2 b^2 = 1); u in (-1/2, 1/2).
+      const double u = rng.uniform() - 0.5;
+      const double b = 1 / std::sqrt(2.0);
+      return -b * std::copysign(std::log1p(-2 * std::fabs(u)), u);
+    }
+    case Distribution::lognormal: break;
   }
-  if (distribution == "laplace") {
-    // Inverse CDF with b = 1/sqrt(2) (variance 2 b^2 = 1); u in (-1/2, 1/2).
-    const double u = rng.uniform() - 0.5;
-    const double b = 1 / std::sqrt(2.0);
-    return -b * std::copysign(std::log1p(-2 * std::fabs(u)), u);
-  }
-  const double magnitude = std::exp(p.real("spread") * rng.normal());
+  const double magnitude = std::exp(p.spread * rng.normal());
   return (rng.next_u64() & 1) ? -magnitude : magnitude;
 }
 
-emu::BlockSpec block_spec(const Params& p, const emu::BlockFormat& f, const emu::FpControl& control) {
-  emu::BlockSpec spec = emu::default_block_spec(f);
-  const std::string& rule = p.string("scale_rule");
-  if (rule != "default") spec.rule = emu::scale_rule_by_name(rule);
+emu::BlockSpec block_spec(const Point& p, const emu::FpControl& control) {
+  emu::BlockSpec spec = emu::default_block_spec(p.format);
+  if (p.scale_rule) spec.rule = *p.scale_rule;
   spec.element = emu::RoundSpec{control.rounding, control.overflow, control.sr_bits, control.tininess};
   return spec;
 }
 
-RunResult run_block_quant(const Params& p, const RunEnv& env) {
-  const emu::BlockFormat& f = emu::block_format_by_name(p.string("format"));
-  const auto n = static_cast<std::size_t>(p.integer("n"));
-  const std::string& distribution = p.string("distribution");
-  const double scale = p.real("scale");
+RunResult run_block_quant(const Params& params, const RunEnv& env) {
+  const Point point(params);
+  const emu::BlockFormat& f = point.format;
+  const std::size_t n = point.n;
 
   emu::StreamId data_stream = env.stream;  // seed and replica
-  data_stream.point = data_point(p);
+  data_stream.point = data_point(point);
   data_stream.lane = 1;
   emu::Rng data(data_stream);
   std::vector<double> x(n);
-  for (double& v : x) v = scale * draw(data, p, distribution);
+  for (double& v : x) v = point.scale * draw(data, point);
   if (env.cancelled()) throw Cancelled();
 
-  emu::FpControl control;
-  control.rounding = emu::rounding_by_name(p.string("rounding"));
-  control.overflow = emu::overflow_by_name(p.string("overflow"));
-  control.sr_bits = static_cast<int>(p.integer("sr_bits"));
-  control = with_fp_exceptions(control, p);
   emu::StreamId rounding_stream = env.stream;
   rounding_stream.lane = 2;
-  emu::Context ctx(control, emu::Rng(rounding_stream));
-  const emu::BlockQuantized q = emu::quantize(f, x, block_spec(p, f, ctx.control), &ctx.rng());
+  emu::Context ctx(point.control, emu::Rng(rounding_stream));
+  const emu::BlockQuantized q = emu::quantize(f, x, block_spec(point, ctx.control), &ctx.rng());
 
   // Flags through the context, value by value, so that count and trap name the value.
   {
@@ -154,7 +183,7 @@ std::string check_block_format_name(const ParamValue& v) {
   return "";
 }
 
-Experiment block_quant_experiment() {
+Experiment make_block_quant() {
   Experiment e;
   e.name = "block_quant";
   e.description = "quantisation error (RMS, max, relative, bias) of OCP MX and NVFP4 block formats over "
@@ -167,7 +196,7 @@ Experiment block_quant_experiment() {
       string_param("scale_rule", "default",
                    "how a block's scale follows from its largest magnitude: default (floor for MX, nearest for "
                    "nvfp4), floor (OCP), ceil, even (torchao), up (NVIDIA), nearest; nvfp4 takes up and nearest",
-                   {"default", "floor", "ceil", "even", "up", "nearest"}),
+                   names_of(kScaleRuleNames)),
       string_param("rounding", "rne", "rounding of the elements: rne rna rz ru rd ro sr (bits from lane 2)", {},
                    check_rounding_name),
       int_param("sr_bits", 0, "random bits of stochastic rounding: 0 = exact probabilities, k = hardware-style k-bit",
@@ -179,7 +208,7 @@ Experiment block_quant_experiment() {
       string_param("distribution", "normal",
                    "values: normal N(0,1); outliers: N(0,1) with a fraction outlier_fraction replaced by "
                    "+-outlier_sigma; laplace (unit variance); lognormal: +-exp(spread N(0,1)), random sign",
-                   {"normal", "outliers", "laplace", "lognormal"}),
+                   names_of(kDistributionNames)),
       real_param("outlier_fraction", 0.001, "outliers: probability of each value to be an outlier", 0, 1),
       real_param("outlier_sigma", 20.0, "outliers: their magnitude in standard deviations (k)", 0),
       real_param("spread", 1.0, "lognormal: sigma of the log", 0, 20),
@@ -202,16 +231,15 @@ Experiment block_quant_experiment() {
   e.headline_metric = "rel_rms_error";
   e.run = run_block_quant;
   e.check_point = [](const Params& p) -> std::string {
-    const emu::BlockFormat& f = emu::block_format_by_name(p.string("format"));
-    const std::string& rule = p.string("scale_rule");
-    if (rule != "default" && !f.accepts(emu::scale_rule_by_name(rule)))
-      return "scale_rule " + rule + " needs a power-of-two scale; " + f.name() + "'s scale is " + f.scale().name() +
-             " (take up, nearest or default)";
+    const Point point(p);
+    const emu::BlockFormat& f = point.format;
+    if (point.scale_rule && !f.accepts(*point.scale_rule))
+      return "scale_rule " + p.string("scale_rule") + " needs a power-of-two scale; " + f.name() + "'s scale is " +
+             f.scale().name() + " (take up, nearest or default)";
     if (p.boolean("nanoo") && p.string("overflow") != "nan")
       return "nanoo: true (NaN on overflow) contradicts overflow: " + p.string("overflow") +
              "; nanoo: true goes with overflow: nan, or leave nanoo false";
-    const double scale = p.real("scale");
-    if (!std::isfinite(scale) || scale == 0) return "scale must be finite and non-zero";
+    if (!std::isfinite(point.scale) || point.scale == 0) return "scale must be finite and non-zero";
     return "";
   };
   e.fp_exceptions_note =
@@ -220,7 +248,7 @@ Experiment block_quant_experiment() {
   return e;
 }
 
-const Registration registration(block_quant_experiment());
+const Registration registration(make_block_quant());
 
 }  // namespace
 

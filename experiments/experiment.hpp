@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -17,6 +18,7 @@
 #include "emu/arith.hpp"
 #include "emu/rng.hpp"
 #include "emu/status.hpp"
+#include "nn/op_counts.hpp"  // merge_counts
 
 namespace roundoff {
 
@@ -53,6 +55,13 @@ ParamSpec string_param(std::string name, std::string default_value, std::string 
                        std::function<std::string(const ParamValue&)> check = {});
 ParamSpec bool_param(std::string name, bool default_value, std::string meaning);
 
+// The spellings of a string parameter that names one of an enum's values: its table of
+// names, in the enum's order (`allowed` of string_param; Params::choice reads it back).
+template <std::size_t N>
+std::vector<std::string> names_of(const char* const (&names)[N]) {
+  return {std::begin(names), std::end(names)};
+}
+
 // Validated parameter values of one grid point, by name. Lookups of unknown names or of
 // the wrong type are programming errors (std::logic_error): validation happened before.
 class Params {
@@ -63,10 +72,17 @@ class Params {
   double real(const std::string& name) const;  // integers are accepted too
   const std::string& string(const std::string& name) const;
   bool boolean(const std::string& name) const;
+  // A string parameter declared with allowed = names_of(names): the enum value at its
+  // name's position in the table.
+  template <typename Enum, std::size_t N>
+  Enum choice(const std::string& name, const char* const (&names)[N]) const {
+    return static_cast<Enum>(index_in(name, names, N));
+  }
   const ParamValue& at(const std::string& name) const;
   const std::map<std::string, ParamValue>& values() const { return values_; }
 
  private:
+  std::size_t index_in(const std::string& name, const char* const* names, std::size_t count) const;
   std::map<std::string, ParamValue> values_;
 };
 
@@ -97,10 +113,6 @@ struct RunResult {
   // when the experiment lets emu::FpException escape; metrics are then NaN).
   std::optional<emu::TrapReport> trap;
 };
-
-// Adds the counts of one context to a run's (same (scope, op, flag): counts add, the
-// first element stays the one already recorded).
-void merge_counts(std::vector<emu::OpCount>& into, const std::vector<emu::OpCount>& from);
 
 // Thrown by an experiment whose parameters name something unusable that validation
 // could not see (a data file that changed or vanished after the sweep was planned): bad
@@ -147,7 +159,11 @@ bool takes_fp_exceptions(const Experiment& e);
 const std::vector<Experiment>& experiments();
 const Experiment* find_experiment(const std::string& name);
 
-// Registration from each experiment's own file: a static Registration object.
+// Registration from each experiment's own file, one way for all: a function
+// `Experiment make_<name>()` that fills the fields by name, then
+//     const Registration registration(make_<name>());
+// (a named factory tests and tools can call; fields by name, not by position, so a new
+// field of Experiment moves nothing).
 struct Registration {
   explicit Registration(Experiment e);
 };

@@ -3,7 +3,7 @@
 // format after scaling by S turns into zero or inf/NaN: the figure behind loss scaling.
 // The training run depends on (seed, replica, data and run parameters) only, so it is
 // computed once and shared by the (format, scale) points that use it. The cache keeps
-// recent runs up to kGradientCacheBytes (mlp.hpp; a run is a few MB), so memory stays
+// recent runs up to kGradientCacheBytes (training.hpp; a run is a few MB), so memory stays
 // bounded in large sweeps; a run evicted before its last point is recomputed (the same
 // result).
 #include <algorithm>
@@ -12,7 +12,7 @@
 #include <map>
 #include <mutex>
 
-#include "mlp.hpp"
+#include "training.hpp"
 
 namespace roundoff::train {
 
@@ -167,7 +167,7 @@ Experiment make_grad_underflow() {
   return e;
 }
 
-const Registration registration{make_grad_underflow()};
+const Registration registration(make_grad_underflow());
 
 }  // namespace
 

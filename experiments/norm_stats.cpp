@@ -305,7 +305,7 @@ RunResult run_norm_stats(const Params& p, const RunEnv& env) {
   return r;
 }
 
-Experiment norm_stats_experiment() {
+Experiment make_norm_stats() {
   Experiment e;
   e.name = "norm_stats";
   e.description =
@@ -384,7 +384,7 @@ Experiment norm_stats_experiment() {
   return e;
 }
 
-const Registration registration(norm_stats_experiment());
+const Registration registration(make_norm_stats());
 
 }  // namespace
 

@@ -1,5 +1,5 @@
 // overflow_hunt: the FLAN-T5 float16 port's hunt for overflows, on a small T5-style
-// encoder (experiments/t5_encoder.hpp) run forward with every operation emulated and
+// encoder (experiments/nn/t5_encoder.hpp) run forward with every operation emulated and
 // named, and the port's fixes as parameters.
 //  - Published overflows (Graphcore, "Running Flan-T5-XL inference in Float16 for IPU -
 //    how we did it", 2023): the additive attention mask (T5 adds finfo(fp16).min =
@@ -30,7 +30,7 @@
 #include "emu/format.hpp"
 #include "emu/unit.hpp"
 #include "experiment.hpp"
-#include "t5_encoder.hpp"
+#include "nn/t5_encoder.hpp"
 
 namespace roundoff {
 
@@ -68,10 +68,6 @@ t5::Shape shape_of(const Params& p) {
   s.pad = static_cast<int>(p.integer("pad"));
   s.blocks = static_cast<int>(p.integer("blocks"));
   return s;
-}
-
-std::unique_ptr<emu::MatrixUnit> build_unit(const Params& p) {
-  return emu::make_unit(emu::unit_kind_by_name(p.string("unit")), emu::format_by_name(p.string("format")));
 }
 
 emu::Flags enabled_flags(const Params& p) {
@@ -116,9 +112,9 @@ RunResult run(const Params& p, const RunEnv& env) {
   scales.outlier_channels = static_cast<int>(p.integer("outlier_channels"));
   scales.outlier_scale = p.real("outlier_scale");
 
-  const auto unit = build_unit(p);
   t5::Numerics num;
   num.format = emu::format_by_name(p.string("format"));
+  const auto unit = emu::make_unit(emu::unit_kind_by_name(p.string("unit")), num.format);
   num.unit = unit.get();
   num.norm_fp32 = p.boolean("norm_fp32");
   num.softmax_fp32 = p.boolean("softmax_fp32");
@@ -201,12 +197,13 @@ RunResult run(const Params& p, const RunEnv& env) {
 std::string check_point(const Params& p) {
   const std::string& unit = p.string("unit");
   const std::string& format = p.string("format");
+  const emu::Format input = emu::format_by_name(format);
   try {
-    (void)build_unit(p);
+    (void)emu::make_unit(emu::unit_kind_by_name(unit), input);
   } catch (const std::invalid_argument& e) {
     return "unit " + unit + " does not take format " + format + " (its matmul input format): " + e.what();
   }
-  if (emu::format_by_name(format).precision() > 26)
+  if (input.precision() > 26)
     return "format " + format + " has more than 26 significant bits (the model runs in formats up to fp32)";
   if (p.integer("pad") >= p.integer("seq")) return "pad must be less than seq (every query needs a real key)";
   if (p.integer("outlier_channels") > p.integer("d_model")) return "outlier_channels must be at most d_model";
@@ -299,21 +296,25 @@ std::vector<MetricSpec> metrics() {
   return m;
 }
 
-const Registration registration(Experiment{
-    "overflow_hunt",
-    "FLAN-T5's fp16 overflows (mask add, GeLU cube, residual adds, wo) on a T5-style encoder, with the port's fixes",
-    params(),
-    metrics(),
-    "oflo_total",
-    {},
-    run,
-    check_point,
-    {},
-    "scopes: encoder.block<b>.attn.<op> and encoder.block<b>.ffn.<op> (the op list of configs/README.md: "
-    "attn.norm ... ffn.residual_add), encoder.final_norm; element = [row, column] of the op's output, "
-    "[head, query, key] for per-head tensors, [row] for a norm's per-row statistics; the fp32 reference run is "
-    "not counted. nanoo: false saturates to +-max (the IPU with NANOO off)",
-});
+Experiment make_overflow_hunt() {
+  Experiment e;
+  e.name = "overflow_hunt";
+  e.description =
+      "FLAN-T5's fp16 overflows (mask add, GeLU cube, residual adds, wo) on a T5-style encoder, with the port's fixes";
+  e.params = params();
+  e.metrics = metrics();
+  e.headline_metric = "oflo_total";
+  e.run = run;
+  e.check_point = check_point;
+  e.fp_exceptions_note =
+      "scopes: encoder.block<b>.attn.<op> and encoder.block<b>.ffn.<op> (the op list of configs/README.md: "
+      "attn.norm ... ffn.residual_add), encoder.final_norm; element = [row, column] of the op's output, "
+      "[head, query, key] for per-head tensors, [row] for a norm's per-row statistics; the fp32 reference run is "
+      "not counted. nanoo: false saturates to +-max (the IPU with NANOO off)";
+  return e;
+}
+
+const Registration registration(make_overflow_hunt());
 
 }  // namespace
 

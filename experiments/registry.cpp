@@ -91,6 +91,12 @@ double Params::real(const std::string& name) const {
   if (const auto* i = std::get_if<std::int64_t>(&v)) return static_cast<double>(*i);
   return get_as<double>(values_, name);
 }
+std::size_t Params::index_in(const std::string& name, const char* const* names, std::size_t count) const {
+  const std::string& value = string(name);
+  for (std::size_t i = 0; i < count; ++i)
+    if (value == names[i]) return i;
+  throw std::logic_error("parameter '" + name + "' is '" + value + "', not one of its declared names");
+}
 const ParamValue& Params::at(const std::string& name) const {
   const auto it = values_.find(name);
   if (it == values_.end()) throw std::logic_error("no parameter '" + name + "'");
@@ -106,15 +112,6 @@ const Experiment* find_experiment(const std::string& name) {
 }
 
 Registration::Registration(Experiment e) { mutable_registry().push_back(std::move(e)); }
-
-void merge_counts(std::vector<emu::OpCount>& into, const std::vector<emu::OpCount>& from) {
-  for (const emu::OpCount& c : from) {
-    auto same = [&](const emu::OpCount& o) { return o.scope == c.scope && o.op == c.op && o.flag == c.flag; };
-    const auto it = std::find_if(into.begin(), into.end(), same);
-    if (it == into.end()) into.push_back(c);
-    else it->count += c.count;
-  }
-}
 
 bool takes_fp_exceptions(const Experiment& e) {
   return std::any_of(e.params.begin(), e.params.end(), [](const ParamSpec& p) { return p.name == "fp_exceptions"; });

@@ -25,6 +25,33 @@ constexpr std::int64_t kPollMask = 4095;  // poll cancellation every 4096 terms
 // (RunEnv::stream as given), so the terms do not depend on the rounding mode.
 constexpr std::uint16_t kDataLane = 1;
 
+enum class Series { harmonic, uniform01, normal, constant };
+constexpr const char* kSeriesNames[] = {"harmonic", "uniform01", "normal", "constant"};
+enum class Algorithm { recursive, pairwise, kahan };
+constexpr const char* kAlgorithmNames[] = {"recursive", "pairwise", "kahan"};  // also the sum's scope
+
+// A point's parameters, typed once.
+struct Point {
+  Series series;
+  std::int64_t n;
+  double value;  // series constant
+  emu::Format format;
+  emu::FpControl control;
+  Algorithm algorithm;
+  std::int64_t trace_every;
+
+  explicit Point(const Params& p)
+      : series(p.choice<Series>("series", kSeriesNames)),
+        n(p.integer("n")),
+        value(p.real("value")),
+        format(emu::format_by_name(p.string("format"))),
+        control(with_fp_exceptions(emu::FpControl{.rounding = emu::rounding_by_name(p.string("rounding")),
+                                                  .sr_bits = static_cast<int>(p.integer("sr_bits"))},
+                                   p)),
+        algorithm(p.choice<Algorithm>("algorithm", kAlgorithmNames)),
+        trace_every(p.integer("trace_every")) {}
+};
+
 // Fills `terms` with exact_term(k), k = 1..n, each rounded once (rne) into the format
 // (element k).
 template <typename ExactTerm>
@@ -38,20 +65,26 @@ void fill_terms(std::vector<double>& terms, const emu::Format& format, emu::Cont
 
 // The n terms in the format: harmonic 1/k from its exact quotient, uniform01 and normal
 // from their double samples (53-bit uniforms; Box-Muller normals), constant = value.
-std::vector<double> make_terms(const Params& p, const emu::Format& format, emu::Context& ctx, const RunEnv& env) {
-  const std::string& series = p.string("series");
+std::vector<double> make_terms(const Point& point, emu::Context& ctx, const RunEnv& env) {
+  const emu::Format& format = point.format;
   emu::StreamId data_stream = env.stream;
   data_stream.lane = kDataLane;
   emu::Rng data(data_stream);
-  std::vector<double> terms(static_cast<std::size_t>(p.integer("n")));
-  if (series == "harmonic")
-    fill_terms(terms, format, ctx, [](std::size_t k) { return emu::exact_div(1.0, static_cast<double>(k)); });
-  else if (series == "uniform01")
-    fill_terms(terms, format, ctx, [&data](std::size_t) { return emu::Exact{data.uniform()}; });
-  else if (series == "normal")
-    fill_terms(terms, format, ctx, [&data](std::size_t) { return emu::Exact{data.normal()}; });
-  else
-    fill_terms(terms, format, ctx, [value = p.real("value")](std::size_t) { return emu::Exact{value}; });
+  std::vector<double> terms(static_cast<std::size_t>(point.n));
+  switch (point.series) {
+    case Series::harmonic:
+      fill_terms(terms, format, ctx, [](std::size_t k) { return emu::exact_div(1.0, static_cast<double>(k)); });
+      break;
+    case Series::uniform01:
+      fill_terms(terms, format, ctx, [&data](std::size_t) { return emu::Exact{data.uniform()}; });
+      break;
+    case Series::normal:
+      fill_terms(terms, format, ctx, [&data](std::size_t) { return emu::Exact{data.normal()}; });
+      break;
+    case Series::constant:
+      fill_terms(terms, format, ctx, [value = point.value](std::size_t) { return emu::Exact{value}; });
+      break;
+  }
   ctx.clear_element();
   return terms;
 }
@@ -67,26 +100,24 @@ double pairwise_sum(emu::Context& ctx, const emu::Format& format, std::span<cons
 }
 
 RunResult run_summation(const Params& p, const RunEnv& env) {
-  const emu::Format format = emu::format_by_name(p.string("format"));
-  emu::FpControl control;
-  control.rounding = emu::rounding_by_name(p.string("rounding"));
-  control.sr_bits = static_cast<int>(p.integer("sr_bits"));
-  emu::Context ctx(with_fp_exceptions(control, p), emu::Rng(env.stream));
+  const Point point(p);
+  const emu::Format& format = point.format;
+  emu::Context ctx(point.control, emu::Rng(env.stream));
 
   const std::vector<double> terms = [&] {
     const emu::Scope scope(ctx, "terms");
-    return make_terms(p, format, ctx, env);
+    return make_terms(point, ctx, env);
   }();
   const auto n = static_cast<std::int64_t>(terms.size());
-  const std::string& algorithm = p.string("algorithm");
+  const Algorithm algorithm = point.algorithm;
 
   // The running sum s_k after term k (recursive and kahan); pairwise has none.
-  RunningValue partial(0.0, n, algorithm == "pairwise" ? 0 : p.integer("trace_every"));
+  RunningValue partial(0.0, n, algorithm == Algorithm::pairwise ? 0 : point.trace_every);
   double sum = 0.0;
-  const emu::Scope sum_scope(ctx, algorithm);
-  if (algorithm == "pairwise") {
+  const emu::Scope sum_scope(ctx, kAlgorithmNames[static_cast<int>(algorithm)]);
+  if (algorithm == Algorithm::pairwise) {
     sum = pairwise_sum(ctx, format, terms, env);
-  } else if (algorithm == "kahan") {
+  } else if (algorithm == Algorithm::kahan) {
     // Kahan: c carries what the last addition lost; every operation is in the format.
     double compensation = 0.0;
     for (std::int64_t k = 1; k <= n; ++k) {
@@ -124,7 +155,7 @@ RunResult run_summation(const Params& p, const RunEnv& env) {
       {"abs_error", abs_error},
       {"rel_error", exact_value != 0 ? abs_error / std::fabs(exact_value) : kUndefined},
       {"stagnation_step",
-       algorithm == "pairwise" ? kUndefined : static_cast<double>(partial.stagnation_step())},
+       algorithm == Algorithm::pairwise ? kUndefined : static_cast<double>(partial.stagnation_step())},
       {"n", static_cast<double>(n)},
   };
   if (partial.has_trace()) r.traces["sum"] = partial.trace();
@@ -133,7 +164,7 @@ RunResult run_summation(const Params& p, const RunEnv& env) {
   return r;
 }
 
-Experiment summation_experiment() {
+Experiment make_summation() {
   Experiment e;
   e.name = "summation";
   e.description = "sum of n terms of a series in a format: recursive, pairwise or Kahan; error vs the exact sum";
@@ -142,7 +173,7 @@ Experiment summation_experiment() {
                    "terms: harmonic (1/k, k = 1..n), uniform01 (uniform in [0,1)), normal (standard), "
                    "constant (every term = value); random terms come from lane 1 of the run's stream, "
                    "stochastic rounding from lane 0",
-                   {"harmonic", "uniform01", "normal", "constant"}),
+                   names_of(kSeriesNames)),
       int_param("n", 1000, "number of terms", 1, 1e8),
       string_param("format", "fp16",
                    "format of the terms and of every operation: " + emu::format_list_text(), {},
@@ -152,7 +183,7 @@ Experiment summation_experiment() {
                    check_rounding_name),
       string_param("algorithm", "recursive",
                    "recursive (s += t_k), pairwise (recursive halving) or kahan (compensated)",
-                   {"recursive", "pairwise", "kahan"}),
+                   names_of(kAlgorithmNames)),
       int_param("sr_bits", 0, "random bits of stochastic rounding: 0 = exact probabilities, k = hardware-style k-bit",
                 0, 64),
       real_param("value", 1.0, "the term of series=constant (rounded into the format with rne)"),
@@ -181,7 +212,7 @@ Experiment summation_experiment() {
   };
   // Pairwise summation has no running sum and records nothing.
   e.trace_length = [](const Params& p) -> std::int64_t {
-    if (p.string("algorithm") == "pairwise") return 0;
+    if (p.choice<Algorithm>("algorithm", kAlgorithmNames) == Algorithm::pairwise) return 0;
     return RunningValue::trace_length(p.integer("n"), p.integer("trace_every"));
   };
   e.fp_exceptions_note =
@@ -191,7 +222,7 @@ Experiment summation_experiment() {
   return e;
 }
 
-const Registration registration(summation_experiment());
+const Registration registration(make_summation());
 
 }  // namespace
 

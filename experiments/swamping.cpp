@@ -83,7 +83,7 @@ RunResult run_swamping(const Params& p, const RunEnv& env) {
   return r;
 }
 
-Experiment swamping_experiment() {
+Experiment make_swamping() {
   Experiment e;
   e.name = "swamping";
   e.description = "x <- round(x + addend) repeated: small addends swamped by a growing sum (IPU SR tutorial)";
@@ -138,7 +138,7 @@ Experiment swamping_experiment() {
   return e;
 }
 
-const Registration registration(swamping_experiment());
+const Registration registration(make_swamping());
 
 }  // namespace
 

@@ -1,14 +1,13 @@
 // train: an MLP with batch norm trained on emulated arithmetic, comparing update
-// strategies, optimisers, loss scaling and per-tensor formats (see experiments/mlp.hpp).
+// strategies, optimisers, loss scaling and per-tensor formats (see experiments/nn/mlp.hpp).
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <map>
-#include <mutex>
 #include <stdexcept>
 #include <utility>
 
-#include "mlp.hpp"
+#include "data_file.hpp"
+#include "training.hpp"
 
 namespace roundoff::train {
 
@@ -43,20 +42,16 @@ ParamSpec loss_scale_param() {
   return spec;
 }
 
-// "" when the unit takes act_format as its input format, else why not (asked of emu).
-std::string check_unit_accepts(const std::string& unit, const std::string& act_format) {
-  static std::mutex mutex;
-  static std::map<std::pair<std::string, std::string>, std::string> answers;  // few distinct pairs per sweep
-  const std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_pair(unit, act_format);
-  if (auto it = answers.find(key); it != answers.end()) return it->second;
-  std::string answer;
+// "" when the point's unit takes its act_format as input format, else why not (asked of
+// emu, which builds it).
+std::string check_unit_accepts(const Params& p, const TrainSpec& spec) {
   try {
-    (void)emu::make_unit(emu::unit_kind_by_name(unit), emu::format_by_name(act_format));
+    (void)emu::make_unit(spec.unit, spec.act_format);
   } catch (const std::invalid_argument& e) {
-    answer = "unit " + unit + " does not accept act_format " + act_format + " (its matmul input format): " + e.what();
+    return "unit " + p.string("unit") + " does not accept act_format " + p.string("act_format") +
+           " (its matmul input format): " + e.what();
   }
-  return answers.emplace(key, answer).first->second;
+  return "";
 }
 
 // (append: gcc 12 warns falsely (-Wrestrict) on "l" + std::to_string(...).)
@@ -216,7 +211,7 @@ struct LayerCounts {
   std::int64_t recorded, batch_norms;
 };
 LayerCounts layer_counts(const Params& p) {
-  switch (model_by_name(p.string("model"))) {
+  switch (p.choice<ModelKind>("model", kModelNames)) {
     case ModelKind::mlp: return {2 * p.integer("layers") - 1, p.integer("layers") - 1};
     case ModelKind::convnet: return {2 * kMaxLayers - 1, 2};
     case ModelKind::resnet: return {2 * kMaxLayers - 1, 6 * p.integer("resnet_blocks") + 1};
@@ -249,27 +244,28 @@ std::string check_model_data(const Params& p) {
   return "";
 }
 
-RunResult run_train(const Params& p, const RunEnv& env) {
+// The point's names parsed, once: the typed TrainSpec that check_point and the run share.
+TrainSpec train_spec(const Params& p) {
   TrainSpec spec;
   read_run_params(p, spec);
-  spec.model = model_by_name(p.string("model"));
+  spec.model = p.choice<ModelKind>("model", kModelNames);
   spec.conv_width1 = static_cast<int>(p.integer("width1"));
   spec.conv_width2 = static_cast<int>(p.integer("width2"));
   spec.resnet_blocks = static_cast<int>(p.integer("resnet_blocks"));
   spec.resnet_width = static_cast<int>(p.integer("resnet_width"));
-  spec.unit = p.string("unit");
-  spec.rule = update_rule_by_name(p.string("update"));
-  spec.optimizer.kind = optimizer_by_name(p.string("optimizer"));
+  spec.unit = emu::unit_kind_by_name(p.string("unit"));
+  spec.rule = p.choice<UpdateRule>("update", kUpdateRuleNames);
+  spec.optimizer.kind = p.choice<OptimizerKind>("optimizer", kOptimizerNames);
   spec.optimizer.momentum = p.real("momentum");
   spec.optimizer.beta1 = p.real("beta1");
   spec.optimizer.beta2 = p.real("beta2");
   spec.optimizer.eps = p.real("eps");
-  spec.weight_format = p.string("weight_format");
-  spec.act_format = p.string("act_format");
-  spec.grad_format = p.string("grad_format");
-  spec.state_format = p.string("state_format");
-  spec.master_format = p.string("master_format");
-  spec.loss_format = p.string("loss_format");
+  spec.weight_format = emu::format_by_name(p.string("weight_format"));
+  spec.act_format = emu::format_by_name(p.string("act_format"));
+  spec.grad_format = emu::format_by_name(p.string("grad_format"));
+  if (p.string("state_format") != "auto") spec.state_format = emu::format_by_name(p.string("state_format"));
+  spec.master_format = emu::format_by_name(p.string("master_format"));
+  spec.loss_format = emu::format_by_name(p.string("loss_format"));
   spec.bn_fp32 = p.boolean("bn_fp32");
   spec.bn_arith_fp32 = p.string("bn_format") == "fp32";
   parse_loss_scale(p.string("loss_scale"), spec);
@@ -278,14 +274,19 @@ RunResult run_train(const Params& p, const RunEnv& env) {
   spec.scale_growth = p.real("ls_growth");
   spec.scale_backoff = p.real("ls_backoff");
   spec.unscale_lr = p.string("unscale") == "lr";
-  spec.unscale_format = p.string("unscale_format");
+  spec.unscale_format = p.choice<UnscaleFormat>("unscale_format", kUnscaleFormatNames);
   spec.fp_control = with_fp_exceptions(emu::FpControl{}, p);
-  spec.esr = esr_mode_by_name(p.string("esr"));
+  spec.esr = p.choice<EsrMode>("esr", kEsrModeNames);
   spec.dp_replicas = static_cast<int>(p.integer("dp_replicas"));
-  spec.allreduce_format = p.string("allreduce_format");
-  spec.allreduce_order = allreduce_order_by_name(p.string("allreduce_order"));
+  spec.allreduce_format = emu::format_by_name(p.string("allreduce_format"));
+  spec.allreduce_order = p.choice<AllReduceOrder>("allreduce_order", kAllReduceOrderNames);
   spec.grad_accum = static_cast<int>(p.integer("grad_accum"));
-  spec.accum_format = p.string("accum_format");
+  spec.accum_format = emu::format_by_name(p.string("accum_format"));
+  return spec;
+}
+
+RunResult run_train(const Params& p, const RunEnv& env) {
+  const TrainSpec spec = train_spec(p);
   const std::int64_t hist_every = p.integer("hist_every");
 
   const Standardisation how =
@@ -598,11 +599,11 @@ Experiment make_train() {
                             "non-finite; x repeats the step 58 times"});
   e.run = run_train;
   e.check_point = [](const Params& p) -> std::string {
-    if (p.string("optimizer") == "adam" && p.string("unscale") == "lr")
+    const TrainSpec spec = train_spec(p);
+    if (spec.optimizer.kind == OptimizerKind::adam && spec.unscale_lr)
       return "unscale: lr does not apply to adam (its step m/sqrt(v) does not scale with the gradient)";
-    if (p.string("update") != "fp32") {  // the baseline ignores unit and formats
-      if (std::string problem = check_unit_accepts(p.string("unit"), p.string("act_format")); !problem.empty())
-        return problem;
+    if (spec.rule != UpdateRule::fp32) {  // the baseline ignores unit and formats
+      if (std::string problem = check_unit_accepts(p, spec); !problem.empty()) return problem;
     }
     if (std::string problem = check_model_data(p); !problem.empty()) return problem;
     const std::int64_t micro_batches = p.integer("dp_replicas") * p.integer("grad_accum");
@@ -642,7 +643,7 @@ Experiment make_train() {
   return e;
 }
 
-const Registration registration{make_train()};
+const Registration registration(make_train());
 
 }  // namespace
 

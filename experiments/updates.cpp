@@ -5,14 +5,14 @@
 #include <cmath>
 #include <limits>
 
-#include "mlp.hpp"
+#include "training.hpp"
 
 namespace roundoff::train {
 
 namespace {
 
 RunResult run_updates(const Params& p, const RunEnv& env) {
-  const UpdateRule rule = update_rule_by_name(p.string("update"));
+  const UpdateRule rule = p.choice<UpdateRule>("update", kUpdateRuleNames);
   const bool baseline = rule == UpdateRule::fp32;
   const emu::Format storage = baseline ? emu::fp32() : emu::format_by_name(p.string("weight_format"));
   const emu::Format grad_format = baseline ? emu::fp32() : emu::format_by_name(p.string("grad_format"));
@@ -127,7 +127,7 @@ Experiment make_updates() {
   return e;
 }
 
-const Registration registration{make_updates()};
+const Registration registration(make_updates());
 
 }  // namespace
 

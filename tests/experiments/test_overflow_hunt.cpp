@@ -12,7 +12,7 @@
 
 #include "emu/arith.hpp"
 #include "emu/format.hpp"
-#include "experiments/t5_encoder.hpp"
+#include "experiments/nn/t5_encoder.hpp"
 #include "tests/run_experiment.hpp"
 
 namespace t5 = roundoff::t5;

@@ -16,8 +16,8 @@
 #include <random>
 #include <vector>
 
-#include "experiments/data_parallel.hpp"
-#include "experiments/mlp.hpp"
+#include "experiments/nn/data_parallel.hpp"
+#include "experiments/nn/mlp.hpp"
 #include "tests/run_experiment.hpp"
 
 using namespace roundoff;
@@ -246,7 +246,7 @@ TEST_CASE("replicas stay bit-identical under esr off and replica_identical_only,
       spec.scale = 256.0;
       spec.esr = mode;
       spec.dp_replicas = 4;
-      spec.allreduce_format = "fp16";
+      spec.allreduce_format = emu::fp16();
       Trainer t(spec, data, 1, 0, emu::StreamId{1, 0, 0, 3});
       for (int i = 0; i < 30; ++i) t.step();
       INFO("update " << kUpdateRuleNames[static_cast<int>(rule)] << ", esr " << kEsrModeNames[static_cast<int>(mode)]);
@@ -314,8 +314,8 @@ TEST_CASE("two replicas equal two accumulated micro-batches, bit for bit", "[tra
     spec.scale = 1024.0;
     spec.dp_replicas = replicas;
     spec.grad_accum = accum;
-    spec.allreduce_format = "fp32";
-    spec.accum_format = "fp32";
+    spec.allreduce_format = emu::fp32();
+    spec.accum_format = emu::fp32();
     return std::make_unique<Trainer>(spec, data, 1, 0, emu::StreamId{1, 0, 0, 3});
   };
   auto dp = make(2, 1), accum = make(1, 2), single = make(1, 1);

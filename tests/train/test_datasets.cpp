@@ -12,7 +12,7 @@
 #include <string>
 #include <chrono>
 
-#include "experiments/datasets.hpp"
+#include "experiments/data_file.hpp"
 #include "tests/run_experiment.hpp"
 
 using namespace roundoff;

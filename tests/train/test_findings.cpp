@@ -9,7 +9,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
-#include "experiments/mlp.hpp"
+#include "experiments/nn/mlp.hpp"
 #include "tests/run_experiment.hpp"
 
 using namespace roundoff;
@@ -184,7 +184,7 @@ TEST_CASE("unscale: lr folds 1/S into an fp16 learning rate, which underflows, a
   using namespace roundoff::train;
   // lr 0.001 and S = 2^16: lr / S = 1.5e-8 is below half of fp16's least subnormal 2^-24
   // (5.96e-8), so it rounds to 0. Driven through the Trainer to look at the weights.
-  auto trainer_for = [](UpdateRule rule, bool unscale_lr, const char* unscale_format) {
+  auto trainer_for = [](UpdateRule rule, bool unscale_lr, UnscaleFormat unscale_format) {
     TrainSpec spec;
     spec.hidden = {16};
     spec.rule = rule;
@@ -210,7 +210,7 @@ TEST_CASE("unscale: lr folds 1/S into an fp16 learning rate, which underflows, a
     for (int i = 0; i < n; ++i) t.step();
   };
   // fp16 weights, lr / S folded in fp16: nothing moves in 50 steps, not one value.
-  auto frozen = trainer_for(UpdateRule::fp16_rn, true, "auto");
+  auto frozen = trainer_for(UpdateRule::fp16_rn, true, UnscaleFormat::arith);
   const std::vector<double> before = state(*frozen);
   steps(*frozen, 50);
   CHECK(frozen->effective_lr() == 0.0);
@@ -218,14 +218,14 @@ TEST_CASE("unscale: lr folds 1/S into an fp16 learning rate, which underflows, a
   CHECK(state(*frozen) == before);
   CHECK(frozen->frac_values_changed() == 0.0);
   // The same with the gradients divided instead: the weights move.
-  auto divided = trainer_for(UpdateRule::fp16_rn, false, "auto");
+  auto divided = trainer_for(UpdateRule::fp16_rn, false, UnscaleFormat::arith);
   steps(*divided, 50);
   CHECK(divided->effective_lr() == static_cast<double>(static_cast<_Float16>(0.001)));
   CHECK(divided->frac_values_changed() > 0.5);
   // fp32-master folds lr / S in fp32 (1.5e-8 is a normal fp32 number) and moves; computed
   // in the compute format (fp16) it underflows and freezes the master weights too.
-  auto master = trainer_for(UpdateRule::fp32_master, true, "auto");
-  auto master_fp16 = trainer_for(UpdateRule::fp32_master, true, "compute");
+  auto master = trainer_for(UpdateRule::fp32_master, true, UnscaleFormat::arith);
+  auto master_fp16 = trainer_for(UpdateRule::fp32_master, true, UnscaleFormat::compute);
   const std::vector<double> master_before = state(*master_fp16);
   steps(*master, 50);
   steps(*master_fp16, 50);
@@ -260,7 +260,7 @@ TEST_CASE("unscale_format matters only where dividing by S rounds differently", 
   // (Measured: the differences are so small that in 100 steps they never change the fp16
   // compute copy, so even the loss trace is the same: it matters in the master's bits.)
   using namespace roundoff::train;
-  auto masters = [](const char* format) {
+  auto masters = [](UnscaleFormat format) {
     TrainSpec spec;
     spec.hidden = {16};
     spec.rule = UpdateRule::fp32_master;
@@ -277,7 +277,8 @@ TEST_CASE("unscale_format matters only where dividing by S rounds differently", 
       if (p.role == ParamRole::weight) all.insert(all.end(), p.param->master.begin(), p.param->master.end());
     return all;
   };
-  const std::vector<double> by_auto = masters("auto"), by_fp32 = masters("fp32"), by_compute = masters("compute");
+  const std::vector<double> by_auto = masters(UnscaleFormat::arith), by_fp32 = masters(UnscaleFormat::fp32),
+                            by_compute = masters(UnscaleFormat::compute);
   CHECK(by_fp32 == by_auto);  // auto is fp32 for fp32-master
   std::size_t differ = 0;
   for (std::size_t i = 0; i < by_auto.size(); ++i) differ += by_compute[i] != by_auto[i];

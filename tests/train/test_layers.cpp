@@ -1,5 +1,5 @@
-// The layers of the convolutional models (experiments/layers.hpp) and the models built
-// from them (experiments/convnets.hpp).
+// The layers of the convolutional models (experiments/nn/layers.hpp) and the models built
+// from them (experiments/nn/convnets.hpp).
 //  - Gradient checks: with every format fp64 and the exact unit, each layer's backward
 //    pass against central finite differences of its forward pass (an oracle independent
 //    of the backward code), and the same for ConvNet and ResNet end to end.
@@ -12,8 +12,8 @@
 #include <cmath>
 #include <memory>
 
-#include "experiments/convnets.hpp"
-#include "experiments/layers.hpp"
+#include "experiments/nn/convnets.hpp"
+#include "experiments/nn/layers.hpp"
 
 using namespace roundoff;
 using namespace roundoff::train;

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "experiments/mlp.hpp"
+#include "experiments/training.hpp"
 #include "tests/run_experiment.hpp"
 
 using namespace roundoff;

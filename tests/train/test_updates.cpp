@@ -4,7 +4,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
-#include "experiments/mlp.hpp"
+#include "experiments/nn/mlp.hpp"
 #include "tests/run_experiment.hpp"
 
 using namespace roundoff;

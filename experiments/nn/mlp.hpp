@@ -11,17 +11,16 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "data_parallel.hpp"
 #include "datasets.hpp"
-#include "experiment.hpp"
 #include "emu/arith.hpp"
 #include "emu/format.hpp"
 #include "emu/unit.hpp"
 #include "layers.hpp"
 #include "model.hpp"
+#include "op_counts.hpp"
 
 namespace roundoff::train {
 
@@ -34,11 +33,9 @@ namespace roundoff::train {
 //  fp16-kahan:  low-precision weights plus a low-precision Kahan compensation buffer.
 enum class UpdateRule { fp32, fp16_rn, fp16_sr, fp32_master, fp16_kahan };
 inline constexpr const char* kUpdateRuleNames[] = {"fp32", "fp16-rn", "fp16-sr", "fp32-master", "fp16-kahan"};
-UpdateRule update_rule_by_name(std::string_view name);  // throws std::invalid_argument
 
 enum class OptimizerKind { sgd, momentum, adam };
 inline constexpr const char* kOptimizerNames[] = {"sgd", "momentum", "adam"};
-OptimizerKind optimizer_by_name(std::string_view name);
 
 struct OptimizerSpec {
   OptimizerKind kind = OptimizerKind::sgd;
@@ -176,26 +173,33 @@ enum class LossScaleKind { none, constant, dynamic };
 //       bit-identical.
 enum class EsrMode { off, on, replica_identical_only };
 inline constexpr const char* kEsrModeNames[] = {"off", "on", "replica_identical_only"};
-EsrMode esr_mode_by_name(std::string_view name);  // throws std::invalid_argument
 
 // The trained model (train's `model` parameter): the MLP of this file, or the
 // convolutional models of convnets.hpp.
 enum class ModelKind { mlp, convnet, resnet };
 inline constexpr const char* kModelNames[] = {"mlp", "convnet", "resnet"};
-ModelKind model_by_name(std::string_view name);  // throws std::invalid_argument
+
+// Where the division by the loss scale S (of each gradient, or of the learning rate) is
+// rounded before the result is converted into the update arithmetic's format (train's
+// unscale_format): arith ("auto") = that format itself (fp32 for fp32 and fp32-master,
+// the weight format for fp16-*), fp32, or compute = the format the gradient was computed
+// in (grad_format; fp32 for batch-norm parameters under bn_fp32).
+enum class UnscaleFormat { arith, fp32, compute };
+inline constexpr const char* kUnscaleFormatNames[] = {"auto", "fp32", "compute"};
 
 struct TrainSpec {
   ModelKind model = ModelKind::mlp;
   std::vector<int> hidden = {32};      // mlp: hidden widths
   int conv_width1 = 32, conv_width2 = 32;  // convnet: output channels of its two convolutions
   int resnet_blocks = 1, resnet_width = 16;  // resnet: N (depth 6N + 2) and the first stage's channels
-  std::string unit = "fp32-seq";
+  emu::UnitKind unit = emu::UnitKind::fp32_seq;  // built with input format act_format
   UpdateRule rule = UpdateRule::fp32;
   OptimizerSpec optimizer;
   double lr = 0.01;
   int epochs = 5, batch = 32;
-  std::string weight_format = "fp16", act_format = "fp16", grad_format = "fp16", state_format = "auto",
-              master_format = "fp32", loss_format = "fp32";
+  emu::Format weight_format = emu::fp16(), act_format = emu::fp16(), grad_format = emu::fp16();
+  std::optional<emu::Format> state_format;  // nullopt ("auto"): the update arithmetic's format
+  emu::Format master_format = emu::fp32(), loss_format = emu::fp32();
   bool bn_fp32 = false;  // batch-norm arithmetic, parameters and running statistics in fp32
   // Batch-norm arithmetic (statistics, normalisation, backward reductions) in fp32, its
   // parameters in their usual formats (bn_format: fp32).
@@ -205,12 +209,7 @@ struct TrainSpec {
   std::int64_t scale_interval = 2000;
   double scale_growth = 2.0, scale_backoff = 0.5;
   bool unscale_lr = false;  // fold 1/S into the learning rate instead of dividing gradients
-  // Where the division by S (of each gradient, or of the learning rate) is rounded before
-  // the result is converted into the update arithmetic's format: "auto" = that format
-  // itself (fp32 for fp32 and fp32-master, the weight format for fp16-*), "fp32", or
-  // "compute" = the format the gradient was computed in (grad_format; fp32 for batch-norm
-  // parameters under bn_fp32).
-  std::string unscale_format = "auto";
+  UnscaleFormat unscale_format = UnscaleFormat::arith;
   // What every context of the run (training and evaluation) does with floating-point
   // exceptions: traps, counted and overflow (with_fp_exceptions); its rounding and esr
   // are ignored (round to nearest, stochastic where the update rule or `esr` says so).
@@ -223,15 +222,14 @@ struct TrainSpec {
   // batch on its own copy of the model; the gradients are all-reduced in
   // allreduce_format and allreduce_order; each replica updates its own copy.
   int dp_replicas = 1;
-  std::string allreduce_format = "fp32";
+  emu::Format allreduce_format = emu::fp32();
   AllReduceOrder allreduce_order = AllReduceOrder::ring;
   // Micro-batches M per optimiser step: each replica's share is cut into M contiguous
   // micro-batches of batch / (R M) samples whose gradients (times the loss scale) are
   // summed in a buffer of accum_format (none when M = 1).
   int grad_accum = 1;
-  std::string accum_format = "fp32";
+  emu::Format accum_format = emu::fp32();
 };
-inline constexpr const char* kUnscaleFormatNames[] = {"auto", "fp32", "compute"};
 
 // Parses `loss_scale`: "none", "dynamic" or a positive number. Throws std::invalid_argument.
 void parse_loss_scale(const std::string& text, TrainSpec& spec);
@@ -401,39 +399,5 @@ struct CastLoss {
   double underflow = 0.0, overflow = 0.0, subnormal = 0.0;
 };
 CastLoss cast_loss(const std::vector<double>& values, const emu::Format& f, double scale);
-
-// Experiment glue shared by train, updates and grad_underflow (defined in train.cpp).
-template <std::size_t N>
-std::vector<std::string> names_of(const char* const (&list)[N]) {
-  return {std::begin(list), std::end(list)};
-}
-// data, samples, features, classes, noise, test_fraction, train_samples, test_samples:
-std::vector<ParamSpec> data_param_specs();
-// layers, width1, width2, epochs, batch, lr:
-std::vector<ParamSpec> run_param_specs();
-// How prepare_data standardises: per feature (data::standardise, for the MLP) or per
-// channel of images (data::standardise_channels, for the convolutional models).
-enum class Standardisation { per_feature, per_channel };
-// The data and split (a file's own test split where it has one, else test_fraction),
-// cut to train_samples and test_samples, standardised. Repeats check_data_and_batch
-// (cheap: files are cached) and throws BadInput if a data file changed or vanished since
-// check_point.
-std::shared_ptr<const data::Split> prepare_data(const Params& p, std::uint64_t seed, Standardisation how);
-// check_point's part for data, test_fraction and batch: validates a data file (once per
-// path; see data::load_h5), and that both splits are non-empty and batch <= the
-// training split. "" when fine, else one line naming the file or parameter.
-std::string check_data_and_batch(const Params& p);
-// Training steps of a run at these params (epochs x full batches of the training split);
-// call after check_data_and_batch accepted them.
-std::int64_t planned_steps(const Params& p);
-void read_run_params(const Params& p, TrainSpec& spec);
-
-// grad_underflow keeps the gradients of its recent training runs (replicas of a point run
-// in parallel; points that differ only in format and scale share one), up to a byte
-// budget: a count limit thrashes once more runs than it cycle in the grid's inner loop.
-inline constexpr std::size_t kGradientCacheBytes = std::size_t{512} << 20;
-std::size_t gradient_cache_bytes();  // gradient bytes cached now (tests)
-// Tests only: a smaller budget, to see eviction without gigabytes of gradients.
-void set_gradient_cache_budget(std::size_t bytes);
 
 }  // namespace roundoff::train

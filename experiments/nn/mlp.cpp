@@ -13,35 +13,9 @@ namespace roundoff::train {
 
 namespace {
 
-template <std::size_t N>
-int index_by_name(const char* const (&names)[N], std::string_view name, const char* what) {
-  std::string known;
-  for (std::size_t i = 0; i < N; ++i) {
-    if (name == names[i]) return static_cast<int>(i);
-    known += std::string(i ? " " : "") + names[i];
-  }
-  throw std::invalid_argument("unknown " + std::string(what) + " '" + std::string(name) + "' (known: " + known + ")");
-}
-
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 }  // namespace
-
-UpdateRule update_rule_by_name(std::string_view name) {
-  return static_cast<UpdateRule>(index_by_name(kUpdateRuleNames, name, "update rule"));
-}
-OptimizerKind optimizer_by_name(std::string_view name) {
-  return static_cast<OptimizerKind>(index_by_name(kOptimizerNames, name, "optimizer"));
-}
-ModelKind model_by_name(std::string_view name) {
-  return static_cast<ModelKind>(index_by_name(kModelNames, name, "model"));
-}
-EsrMode esr_mode_by_name(std::string_view name) {
-  return static_cast<EsrMode>(index_by_name(kEsrModeNames, name, "esr mode"));
-}
-AllReduceOrder allreduce_order_by_name(std::string_view name) {
-  return static_cast<AllReduceOrder>(index_by_name(kAllReduceOrderNames, name, "allreduce_order"));
-}
 
 // ---------------------------------------------------------------------------------------
 // Updater
@@ -370,10 +344,6 @@ void parse_loss_scale(const std::string& text, TrainSpec& spec) {
 
 namespace {
 
-emu::Format format_or(const std::string& name, const emu::Format& fallback) {
-  return name == "auto" ? fallback : emu::format_by_name(name);
-}
-
 // The run's exception settings with a given rounding.
 emu::FpControl control_with(emu::FpControl control, emu::Rounding rounding, bool esr = false) {
   control.rounding = rounding;
@@ -411,28 +381,28 @@ Trainer::Trainer(const TrainSpec& spec, std::shared_ptr<const data::Split> data,
   const bool baseline = spec.rule == UpdateRule::fp32;
   ParamFormats weight_formats{emu::fp32(), emu::fp32(), emu::fp32(), emu::fp32()};
   if (!baseline) {
-    const emu::Format act = emu::format_by_name(spec.act_format), grad = emu::format_by_name(spec.grad_format);
+    const emu::Format &act = spec.act_format, &grad = spec.grad_format;
     const bool bn_arith_fp32 = spec.bn_fp32 || spec.bn_arith_fp32;
-    formats_ = ModelFormats{act, grad, emu::format_by_name(spec.loss_format), bn_arith_fp32 ? emu::fp32() : act,
+    formats_ = ModelFormats{act, grad, spec.loss_format, bn_arith_fp32 ? emu::fp32() : act,
                             bn_arith_fp32 ? emu::fp32() : grad};
-    const emu::Format storage = emu::format_by_name(spec.weight_format);
-    const emu::Format master = emu::format_by_name(spec.master_format);
-    const emu::Format arith = spec.rule == UpdateRule::fp32_master ? master : storage;
-    weight_formats = ParamFormats{storage, arith, format_or(spec.state_format, arith), master};
-    accum_format_ = emu::format_by_name(spec.accum_format);
-    allreduce_format_ = emu::format_by_name(spec.allreduce_format);
+    const emu::Format arith = spec.rule == UpdateRule::fp32_master ? spec.master_format : spec.weight_format;
+    weight_formats = ParamFormats{spec.weight_format, arith, spec.state_format.value_or(arith), spec.master_format};
+    accum_format_ = spec.accum_format;
+    allreduce_format_ = spec.allreduce_format;
   }
   // The unscaling format of a tensor whose gradient is computed in `computed`.
   auto unscale_format = [&](const emu::Format& computed) -> std::optional<emu::Format> {
-    if (spec.unscale_format == "fp32") return emu::fp32();
-    if (spec.unscale_format == "compute") return computed;
-    if (spec.unscale_format == "auto") return std::nullopt;
-    throw std::invalid_argument("unknown unscale_format '" + spec.unscale_format + "'");
+    switch (spec.unscale_format) {
+      case UnscaleFormat::arith: break;
+      case UnscaleFormat::fp32: return emu::fp32();
+      case UnscaleFormat::compute: return computed;
+    }
+    return std::nullopt;
   };
   weight_formats.unscale = unscale_format(formats_.grad);
   // The baseline computes plain fp32 sequential dot products whatever `unit` says.
   unit_ = baseline ? emu::make_unit(emu::UnitKind::fp32_seq, emu::fp32(), emu::fp32())
-                   : emu::make_unit(emu::unit_kind_by_name(spec.unit), formats_.act);
+                   : emu::make_unit(spec.unit, formats_.act);
   weight_updater_ = std::make_unique<Updater>(spec.rule, spec.optimizer, weight_formats);
   ParamFormats bn_formats = weight_formats;
   if (spec.bn_fp32 && !baseline)

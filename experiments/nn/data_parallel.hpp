@@ -7,7 +7,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <string_view>
 #include <vector>
 
 #include "emu/arith.hpp"
@@ -34,7 +33,6 @@ namespace roundoff::train {
 // broadcast), so all replicas hold the same bits.
 enum class AllReduceOrder { ring, tree };
 inline constexpr const char* kAllReduceOrderNames[] = {"ring", "tree"};
-AllReduceOrder allreduce_order_by_name(std::string_view name);  // throws std::invalid_argument
 
 // The index range [begin, end) of ring chunk c of n values over `replicas` replicas.
 struct Chunk {

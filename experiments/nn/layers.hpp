@@ -1,8 +1,8 @@
-// The layers of the convolutional models (experiments/convnets.hpp): tensors in NCHW
+// The layers of the convolutional models (experiments/nn/convnets.hpp): tensors in NCHW
 // layout, and each layer's passes in two arithmetics:
 //  - emulated (struct Emulated): every operation rounded through emu under one context,
 //    matrix products and convolutions through the model's matrix unit, each tensor in
-//    its format of ModelFormats, as the MLP computes (experiments/mlp.hpp);
+//    its format of ModelFormats, as the MLP computes (experiments/nn/mlp.hpp);
 //  - native fp64 (struct Fp64): the reference of the fp64 evaluation.
 // Elementwise operations set the context's element: (sample, channel, row, column) for
 // images, (sample, channel) where a tensor has one value per channel, (channel) for

@@ -14,7 +14,7 @@
 //    1x1 convolution with the block's stride, without batch norm), added, then ReLU;
 //    global average pooling; a dense layer with bias. Depth counts the stem, the 6N
 //    block convolutions and the dense layer.
-// Every layer computes as experiments/layers.hpp describes: convolutions through the
+// Every layer computes as experiments/nn/layers.hpp describes: convolutions through the
 // model's matrix unit, each tensor in its format (ModelFormats), batch norm in its own
 // formats; a convolution that feeds a batch norm writes bn_fwd, the others act.
 #pragma once
