@@ -22,6 +22,9 @@ class Parser {
   explicit Parser(std::string_view text) : s_(text) {}
 
   std::unique_ptr<Expression> parse() {
+    if (s_.size() > kMaxExpressionLength)
+      throw SyntaxError(static_cast<int>(kMaxExpressionLength) + 1,
+                        "the expression is longer than " + std::to_string(kMaxExpressionLength) + " characters (the limit)");
     skip_spaces();
     if (pos_ == s_.size()) throw SyntaxError(1, "empty expression");
     auto e = sum();
@@ -38,6 +41,22 @@ class Parser {
   void skip_spaces() {
     while (pos_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[pos_]))) ++pos_;
   }
+  // One more level of parentheses or signs, for as long as it lives.
+  class Nested {
+   public:
+    explicit Nested(Parser& parser) : parser_(parser) {
+      if (++parser_.depth_ > kMaxNesting)
+        throw SyntaxError(parser_.column(), "more than " + std::to_string(kMaxNesting) +
+                                                " levels of nested parentheses and signs (the limit)");
+    }
+    ~Nested() { --parser_.depth_; }
+    Nested(const Nested&) = delete;
+    Nested& operator=(const Nested&) = delete;
+
+   private:
+    Parser& parser_;
+  };
+
   std::string describe_here() const {
     if (pos_ >= s_.size()) return "the end of the expression";
     return std::string("'") + s_[pos_] + "'";
@@ -83,6 +102,7 @@ class Parser {
       const bool minus = s_[pos_] == '-';
       const std::size_t sign_at = pos_;
       if (is_number_start(s_, pos_ + 1) || is_name_start(pos_ + 1)) return literal(sign_at);
+      const Nested nested(*this);
       ++pos_;
       auto operand = unary();
       if (!minus) return operand;
@@ -97,6 +117,7 @@ class Parser {
     skip_spaces();
     if (pos_ < s_.size() && s_[pos_] == '(') {
       const int open = column();
+      const Nested nested(*this);
       ++pos_;
       auto inner = sum();
       skip_spaces();
@@ -144,6 +165,7 @@ class Parser {
 
   std::string_view s_;
   std::size_t pos_ = 0;
+  int depth_ = 0;  // parentheses and signs open at pos_
 };
 
 }  // namespace

@@ -38,6 +38,13 @@ struct Expression {
   std::unique_ptr<Expression> left, right;  // negate uses left only
 };
 
+// Limits, so that no input can exhaust the stack (parsing, evaluation and the tree's
+// destruction recurse once per level): an expression has at most kMaxExpressionLength
+// characters and nests at most kMaxNesting parentheses and signs ("((1))" and "- -1"
+// nest twice). Beyond either: SyntaxError at the column where the limit is passed.
+inline constexpr std::size_t kMaxExpressionLength = 4096;
+inline constexpr int kMaxNesting = 100;
+
 // Numbers are written as parse_number() reads them (decimal, hex-float, inf, nan).
 // A minus or plus sign written directly before a number, where an operand is expected,
 // belongs to that literal: "-0.1" is the literal -0.1, rounded once (which matters

@@ -231,6 +231,8 @@ bool try_exact_hex(const Written& w, Exact& out) {
 
 Exact parse_number(std::string_view text) {
   if (text.empty()) throw NumberError("empty");
+  if (text.size() > kMaxNumberLength)
+    throw NumberError("longer than " + std::to_string(kMaxNumberLength) + " characters (the limit)");
   std::string_view s = text;
   bool negative = false;
   if (s[0] == '+' || s[0] == '-') {

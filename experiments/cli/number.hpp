@@ -35,7 +35,10 @@ class NumberError : public std::runtime_error {
 // (decimal) up have hi = +-2^-1074 and lo = x - hi (so 2^-1075 is a tie and sr sees its
 // probability); nonzero values below that have hi = +-0 and lo = +-2^-1074 (only the
 // sign: an sr probability under 2^-52 is taken as zero).
-// Throws NumberError for anything else.
+// Throws NumberError for anything else, and for text longer than kMaxNumberLength (an
+// exact double needs at most 1,100 or so characters; the limit bounds the big-integer
+// work, which grows with the square of the length).
+inline constexpr std::size_t kMaxNumberLength = 10000;
 Exact parse_number(std::string_view text);
 
 // The value as a JSON number that reads back to the same double (the shortest %.Ng

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -373,6 +374,9 @@ int run(const Arguments& args, WorkerGroup* workers) {
                        (existing.shard ? "continue it with --shard " + existing.shard->text() + ", merge shards with sweep merge, "
                                        : std::string()) +
                        "choose another -o, or --force to overwrite)");
+    // Read whole before anything is said about it: a damaged file is refused (exit 2, left
+    // as it is), never shown as complete first nor half resumed.
+    check_readable_output(out);
     if (existing.status == "complete") {
       std::fprintf(stderr, "sweep: %s is already complete for this config%s; showing it (--force recomputes)\n", out.c_str(),
                    plan.shard ? (" (shard " + plan.shard->text() + ")").c_str() : "");
@@ -393,18 +397,28 @@ int run(const Arguments& args, WorkerGroup* workers) {
   if (stop_requested().load()) return interrupted_before_start();
 
   RunReport report;
-  {
+  bool output_exists = resume;  // a valid partial file that --resume continues
+  try {
     // A signal from here on: the points finished so far (maybe none) are in a valid
     // partial file that --resume continues.
     // Declared first so that the output is closed before the workers are waited for.
     std::unique_ptr<RemoteWorkers> remote;
     OutputFile output = resume ? OutputFile::open_for_resume(plan) : OutputFile::create(plan, sha);
+    output_exists = true;
     if (workers) remote = workers->start(plan, args.jobs);
     RunOptions options;
     options.threads = args.jobs;
     options.progress = !args.quiet && isatty(STDERR_FILENO);
     report = run_plan(plan, output, work, options, stop_requested(), remote.get());
     if (report.complete) output.mark_complete();
+  } catch (const H5Error& e) {
+    // A full disk or an I/O error (ENOSPC, EIO, EDQUOT, ...): the environment's, not a bug.
+    // Every flush leaves a valid file, so what was flushed before the failure stays.
+    if (e.error_number() == 0) throw;
+    throw InputError("sweep: cannot write " + out + ": " + std::strerror(e.error_number()) + " (" + e.what() + "); " +
+                     (output_exists ? "the points saved before are kept: once the cause is fixed, continue with: " +
+                                          command_for(args, plan, " --resume")
+                                    : std::string("nothing was written")));
   }
   if (report.failed_runs > 0 && !stop_requested().load()) {
     print_summary(out);
@@ -434,6 +448,7 @@ std::string one_line(std::string text) {
 
 int sweep_main(int argc, char** argv, WorkerGroup* workers) {
   const StopSignals signals;  // first of all: no moment is left to the default action
+  silence_hdf5_errors();      // before any other HDF5 call (it also keeps HDF5's exit handler off)
   try {
     if (argc > 1 && std::string(argv[1]) == "merge") return merge_main(argc - 1, argv + 1);
     const Arguments args = parse_arguments(argc, argv);

@@ -1,10 +1,16 @@
 #include "h5file.hpp"
 
+#include <fcntl.h>
+#include <linux/falloc.h>
 #include <sys/file.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <limits>
@@ -57,6 +63,22 @@ Hid create_trace_dataset(hid_t group, const std::string& name, const std::vector
                          const std::vector<hsize_t>& chunk) {
   return create_growing_dataset(group, name, H5T_IEEE_F64LE, dims, {dims.size() - 1}, chunk, H5T_NATIVE_DOUBLE, &kNaN);
 }
+
+std::size_t element_count(hid_t dataset) {
+  std::size_t n = 1;
+  for (hsize_t d : dataset_dims(dataset)) n *= d;
+  return n;
+}
+
+// A dataset read whole into a buffer of n elements must hold n.
+void expect_elements(hid_t dataset, std::size_t n, const std::string& name) {
+  const std::size_t held = element_count(dataset);
+  if (held != n) throw DamagedFile(name + " holds " + std::to_string(held) + " elements, not " + std::to_string(n));
+}
+
+// The most rows a run's /fp_counts could hold in a file we read (K: one per scope, op and
+// flag that raised; far fewer in practice).
+constexpr std::size_t kMaxCountRows = 1 << 16;
 
 std::string iso8601_utc_now() {
   const std::time_t now = std::time(nullptr);
@@ -402,12 +424,16 @@ std::map<std::pair<std::uint32_t, std::uint32_t>, FailedRun> read_failures(hid_t
   std::map<std::pair<std::uint32_t, std::uint32_t>, FailedRun> failures;
   if (H5Lexists(f, "failures", H5P_DEFAULT) <= 0) return failures;
   Hid point_set = open_dataset(f, "failures/point"), replica_set = open_dataset(f, "failures/replica");
-  const std::size_t n = dataset_dims(point_set.get()).at(0);
+  Hid message_set = open_dataset(f, "failures/message"), traceback_set = open_dataset(f, "failures/traceback");
+  const std::size_t n = element_count(point_set.get());
+  if (n > kMaxRuns) throw DamagedFile("/failures holds more rows than a sweep has runs");
+  for (const hid_t column : {replica_set.get(), message_set.get(), traceback_set.get()})
+    expect_elements(column, n, "a column of /failures");
   std::vector<std::int64_t> points(n), replicas(n);
   check(H5Dread(point_set.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, points.data()), "read failures");
   check(H5Dread(replica_set.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, replicas.data()), "read failures");
-  const std::vector<std::string> messages = read_strings(open_dataset(f, "failures/message").get(), n);
-  const std::vector<std::string> tracebacks = read_strings(open_dataset(f, "failures/traceback").get(), n);
+  const std::vector<std::string> messages = read_strings(message_set.get(), n);
+  const std::vector<std::string> tracebacks = read_strings(traceback_set.get(), n);
   for (std::size_t i = 0; i < n; ++i)
     failures[{static_cast<std::uint32_t>(points[i]), static_cast<std::uint32_t>(replicas[i])}] = {messages[i], tracebacks[i]};
   return failures;
@@ -549,11 +575,46 @@ OutputFile OutputFile::create(const SweepPlan& plan, const std::string& config_s
   return open_for_resume(plan);
 }
 
+void check_readable_output(const std::string& path, const std::string& program) {
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe2: ") + std::strerror(errno));
+  std::fflush(nullptr);  // nothing buffered is written twice
+  const pid_t child = fork();
+  if (child < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  if (child == 0) {
+    close(pipe_fds[0]);
+    std::string problem;
+    try {
+      read_summary(path);
+      Hid file = checked(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "open '" + path + "'");
+      read_failures(file.get());
+    } catch (const std::exception& e) {
+      problem = e.what();
+      if (problem.empty()) problem = "unreadable";
+    }
+    if (!problem.empty() && write(pipe_fds[1], problem.data(), problem.size()) < 0) problem = "unreadable";
+    _exit(problem.empty() ? 0 : 2);
+  }
+  close(pipe_fds[1]);
+  std::string message;
+  char buffer[4096];
+  for (ssize_t got; (got = read(pipe_fds[0], buffer, sizeof buffer)) != 0;) {
+    if (got > 0) message.append(buffer, static_cast<std::size_t>(got));
+    else if (errno != EINTR) break;
+  }
+  close(pipe_fds[0]);
+  int status = 0;
+  while (waitpid(child, &status, 0) < 0)
+    if (errno != EINTR) throw std::runtime_error(std::string("waitpid: ") + std::strerror(errno));
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
+  if (WIFSIGNALED(status)) message = std::string("HDF5 crashed reading it (") + strsignal(WTERMSIG(status)) + ")";
+  throw InputError(program + ": " + path + " is damaged: " + message + "; left untouched");
+}
+
 OutputFile OutputFile::open_for_resume(const SweepPlan& plan) {
   silence_hdf5_errors();
   if (LockProbe(plan.output, LOCK_EX).refused()) throw InputError(in_use_message(plan.output));
-  Hid file(H5Fopen(plan.output.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
-  if (file.get() < 0) throw std::runtime_error("cannot open '" + plan.output + "' for writing");
+  Hid file = checked(H5Fopen(plan.output.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose, "open '" + plan.output + "' for writing");
   const auto n_points = read_int64_attribute(file.get(), "n_points");
   const auto replicas = read_int64_attribute(file.get(), "replicas");
   if (static_cast<std::size_t>(n_points) != plan.points.size() || static_cast<std::uint32_t>(replicas) != plan.replicas)
@@ -573,9 +634,13 @@ OutputFile::OutputFile(const SweepPlan& plan, Hid file) : plan_(&plan), file_(st
   done_set_ = open_dataset(f, "done");
   done_replicas_set_ = open_dataset(f, "done_replicas");
   done_replicas_.resize(plan.points.size() * plan.replicas);
+  expect_elements(done_replicas_set_.get(), done_replicas_.size(), "/done_replicas");
   check(H5Dread(done_replicas_set_.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, done_replicas_.data()),
         "read done_replicas");
   failures_ = read_failures(f);
+  hsize_t size = 0;
+  check(H5Fget_filesize(f, &size), "H5Fget_filesize");
+  flushed_size_ = size;
 }
 
 namespace {
@@ -594,7 +659,7 @@ void for_each_replica_run(const std::vector<std::uint32_t>& replicas, Write&& wr
 
 }  // namespace
 
-void OutputFile::write_point(const PointWork& work, const std::vector<RunResult>& results) {
+void OutputFile::write_point_unguarded(const PointWork& work, const std::vector<RunResult>& results) {
   const Experiment& experiment = *plan_->experiment;
   const hsize_t p = work.point;
   const std::vector<std::uint32_t>& replicas = work.replicas;
@@ -665,16 +730,64 @@ void OutputFile::record_failure(std::uint32_t point, std::uint32_t replica, cons
   failures_changed_ = true;
 }
 
+void OutputFile::write_point(const PointWork& work, const std::vector<RunResult>& results) {
+  guarded([&] { write_point_unguarded(work, results); });
+}
+
 void OutputFile::flush() {
-  if (failures_changed_) write_failures(file_.get(), failures_);
-  failures_changed_ = false;
-  check(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL), "H5Fflush");
+  guarded([&] {
+    if (failures_changed_) write_failures(file_.get(), failures_);
+    failures_changed_ = false;
+    reserve_space();
+    check(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL), "H5Fflush");
+    hsize_t size = 0;
+    if (H5Fget_filesize(file_.get(), &size) >= 0) flushed_size_ = size;
+  });
 }
 
 void OutputFile::mark_complete() {
   flush();
-  write_attribute(file_.get(), "status", std::string("complete"));
+  guarded([&] { write_attribute(file_.get(), "status", std::string("complete")); });
   flush();
+}
+
+void OutputFile::guarded(const std::function<void()>& write) {
+  if (!file_.get() || file_.get() < 0) throw std::logic_error("OutputFile: written after a failed write");
+  try {
+    write();
+  } catch (const H5Error&) {
+    abandon();
+    throw;
+  }
+}
+
+void OutputFile::abandon() {
+  // HDF5 keeps no journal: closing would flush the metadata cached since the last flush,
+  // which on a full disk lands in part and leaves a file that points at data never
+  // written. Left unclosed (HDF5's exit handler is off, silence_hdf5_errors), the file
+  // stays as the last successful flush left it; the kernel closes it at exit.
+  const auto leave = [](Hid& id) { id.release(); };
+  for (auto* sets : {&metric_sets_, &trace_sets_, &trace_x_sets_, &flag_sets_})
+    for (Hid& id : *sets) leave(id);
+  for (auto& [path, id] : fp_sets_) leave(id);
+  leave(done_set_), leave(done_replicas_set_), leave(file_);
+}
+
+void OutputFile::reserve_space() {
+  // A flush writes what the file grew by since the last one (HDF5 has assigned it its
+  // addresses already) and some metadata. That range and a margin are allocated ahead
+  // (fallocate, the file's size unchanged), so that a full disk stops the sweep here,
+  // before the flush, rather than half-way through it.
+  void* handle = nullptr;
+  hsize_t size = 0;
+  if (H5Fget_vfd_handle(file_.get(), H5P_DEFAULT, &handle) < 0 || !handle || H5Fget_filesize(file_.get(), &size) < 0) return;
+  const int fd = *static_cast<int*>(handle);
+  const hsize_t grown = size > flushed_size_ ? size - flushed_size_ : 0;
+  const hsize_t margin = (hsize_t{64} << 10) + grown / 8;
+  const hsize_t from = std::min(flushed_size_, size);
+  if (fallocate(fd, FALLOC_FL_KEEP_SIZE, static_cast<off_t>(from), static_cast<off_t>(size + margin - from)) != 0 &&
+      errno != EOPNOTSUPP && errno != ENOSYS)
+    throw H5Error("reserve space for H5Fflush", "fallocate", errno);
 }
 
 namespace {
@@ -707,18 +820,13 @@ std::vector<T> read_numbers(hid_t dataset, hid_t type, std::size_t n) {
   return values;
 }
 
-std::size_t element_count(hid_t dataset) {
-  std::size_t n = 1;
-  for (hsize_t d : dataset_dims(dataset)) n *= d;
-  return n;
-}
-
 // The fp_exceptions part of the summary, over the runs of finished points.
 void read_fp_summary(hid_t f, SweepSummary& summary) {
   if (H5Lexists(f, "traps", H5P_DEFAULT) <= 0) return;  // written before fp_exceptions existed
   const std::size_t replicas = summary.replicas, runs = summary.n_points * replicas;
   auto run_done = [&](std::size_t run) { return summary.done[run / replicas][run % replicas] != 0; };
   Hid trapped_set = open_dataset(f, "traps/trapped");
+  expect_elements(trapped_set.get(), runs, "/traps/trapped");
   const auto trapped = read_numbers<std::uint8_t>(trapped_set.get(), H5T_NATIVE_UINT8, runs);
   std::size_t first = runs;
   for (std::size_t run = 0; run < runs; ++run)
@@ -728,12 +836,15 @@ void read_fp_summary(hid_t f, SweepSummary& summary) {
     }
   if (first < runs) {
     Hid reports = open_dataset(f, "traps/report");
+    expect_elements(reports.get(), runs, "/traps/report");
     summary.first_trap = "point " + std::to_string(first / replicas) + " replica " + std::to_string(first % replicas) +
                          ": " + read_strings(reports.get(), runs)[first];
   }
   Hid count_set = open_dataset(f, "fp_counts/count"), flag_set = open_dataset(f, "fp_counts/flag");
   const std::size_t cells = element_count(count_set.get()), rows = runs ? cells / runs : 0;
   if (cells == 0) return;
+  if (rows * runs != cells || cells > kMaxRuns * kMaxCountRows) throw DamagedFile("/fp_counts/count is not [n_points, replicas, K]");
+  expect_elements(flag_set.get(), cells, "/fp_counts/flag");
   const auto counts = read_numbers<std::uint64_t>(count_set.get(), H5T_NATIVE_UINT64, cells);
   const std::vector<std::string> flags = read_strings(flag_set.get(), cells);
   for (std::size_t run = 0; run < runs; ++run) {
@@ -755,37 +866,46 @@ void read_fp_summary(hid_t f, SweepSummary& summary) {
 SweepSummary read_summary(const std::string& path) {
   silence_hdf5_errors();
   Hid file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (file.get() < 0) throw std::runtime_error("cannot open '" + path + "'");
+  if (file.get() < 0) throw hdf5_error("open '" + path + "'");
   const hid_t f = file.get();
   SweepSummary summary;
   summary.experiment = read_string_attribute(f, "experiment");
   summary.headline_metric = read_string_attribute(f, "headline_metric");
   summary.status = read_string_attribute(f, "status");
   summary.shard = shard_attributes(f);
-  summary.n_points = static_cast<std::uint64_t>(read_int64_attribute(f, "n_points"));
-  summary.replicas = static_cast<std::uint64_t>(read_int64_attribute(f, "replicas"));
+  const std::int64_t n_points = read_int64_attribute(f, "n_points"), replicas = read_int64_attribute(f, "replicas");
+  // Within the limits a config could ask for, before anything is sized by them.
+  if (n_points < 0 || replicas < 1 || static_cast<std::uint64_t>(n_points) * static_cast<std::uint64_t>(replicas) > kMaxRuns)
+    throw DamagedFile("its n_points (" + std::to_string(n_points) + ") and replicas (" + std::to_string(replicas) +
+                      ") are out of range");
+  summary.n_points = static_cast<std::uint64_t>(n_points);
+  summary.replicas = static_cast<std::uint64_t>(replicas);
   const std::size_t runs = summary.n_points * summary.replicas;
 
   Hid points = checked(H5Gopen2(f, "points", H5P_DEFAULT), H5Gclose, "open /points");
   summary.param_names = link_names(points.get());
   for (const std::string& name : summary.param_names) {
     Hid dataset = open_dataset(points.get(), name);
+    expect_elements(dataset.get(), summary.n_points, "/points/" + name);
     summary.param_values.push_back(read_param_column(dataset.get(), read_string_attribute(dataset.get(), "type"), summary.n_points));
   }
 
   std::vector<double> headline(runs, kNaN);
   if (!summary.headline_metric.empty()) {
     Hid dataset = open_dataset(f, "metrics/" + summary.headline_metric);
+    expect_elements(dataset.get(), runs, "/metrics/" + summary.headline_metric);
     check(H5Dread(dataset.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, headline.data()), "read headline metric");
   }
   // Files written before /done_replicas existed mark whole points in /done only.
   std::vector<std::uint8_t> done(runs);
   if (H5Lexists(f, "done_replicas", H5P_DEFAULT) > 0) {
     Hid dataset = open_dataset(f, "done_replicas");
+    expect_elements(dataset.get(), runs, "/done_replicas");
     check(H5Dread(dataset.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, done.data()), "read done_replicas");
   } else {
     std::vector<std::uint8_t> done_points(summary.n_points);
     Hid dataset = open_dataset(f, "done");
+    expect_elements(dataset.get(), summary.n_points, "/done");
     check(H5Dread(dataset.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, done_points.data()), "read done");
     for (std::size_t i = 0; i < runs; ++i) done[i] = done_points[i / summary.replicas];
   }

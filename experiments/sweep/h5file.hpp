@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -44,6 +45,19 @@ struct ExistingOutput {
   std::optional<Shard> shard;    // a shard's file
 };
 ExistingOutput inspect_output(const std::string& path);
+
+// A file that opens as HDF5 but not as the layout it claims (a dataset of the wrong size,
+// attributes out of range): what is wrong with it.
+class DamagedFile : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Reads the summary and /failures of an existing output in a child process, so that no
+// damage can crash this one (HDF5 1.10 is not hardened against damaged files: a damaged
+// heap of strings makes it read out of bounds). InputError naming the file and what is
+// wrong when anything fails; the file is opened read-only and never changed.
+void check_readable_output(const std::string& path, const std::string& program = "sweep");
 
 // A run whose own code raised (RunRaised): the exception's line and its traceback.
 struct FailedRun {
@@ -73,12 +87,19 @@ class OutputFile {
   // Records a run that raised in /failures (replacing an earlier failure of that run); it
   // stays not done. Written at the next flush.
   void record_failure(std::uint32_t point, std::uint32_t replica, const std::string& message, const std::string& traceback);
+  // A failed write or flush (H5Error: a full disk, an I/O error) leaves the file as the
+  // last successful flush left it, unclosed, and this object unusable.
   void flush();
   // Sets status "complete" and flushes: call only after the last point is written.
   void mark_complete();
 
  private:
   OutputFile(const SweepPlan& plan, Hid file);
+  void write_point_unguarded(const PointWork& work, const std::vector<RunResult>& results);
+  void guarded(const std::function<void()>& write);
+  void abandon();
+  void reserve_space();
+  hsize_t flushed_size_ = 0;  // the file's size at the last flush
   const SweepPlan* plan_;
   Hid file_;
   // Open once: per-point writes would otherwise spend most of their time opening datasets.

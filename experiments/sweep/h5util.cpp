@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
@@ -25,13 +26,50 @@ Hid::~Hid() {
   if (id_ >= 0 && close_) close_(id_);
 }
 
-void silence_hdf5_errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+H5Error::H5Error(const std::string& what, const std::string& reason, int error_number)
+    : std::runtime_error("HDF5: " + what + " failed" + (reason.empty() ? "" : " (" + reason + ")")),
+      error_number_(error_number) {}
+
+void silence_hdf5_errors() {
+  static const bool once = [] {
+    H5dont_atexit();  // before any other call: it takes effect only then
+    return true;
+  }();
+  (void)once;
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
+
+namespace {
+
+struct StackFacts {
+  std::string reason;
+  int error_number = 0;
+};
+
+// Walked from the innermost entry out: the first description is the reason; the file
+// drivers report a failed read or write as "... errno = N, error message = ...".
+herr_t note_stack_entry(unsigned, const H5E_error2_t* entry, void* data) {
+  auto& facts = *static_cast<StackFacts*>(data);
+  const std::string description = entry->desc ? entry->desc : "";
+  if (facts.reason.empty()) facts.reason = description.substr(0, description.find_first_of(":,\n"));
+  if (const auto at = description.find("errno = "); at != std::string::npos && facts.error_number == 0)
+    facts.error_number = std::atoi(description.c_str() + at + 8);
+  return 0;
+}
+
+}  // namespace
+
+H5Error hdf5_error(const std::string& what) {
+  StackFacts facts;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, note_stack_entry, &facts);
+  return H5Error(what, facts.reason, facts.error_number);
+}
 
 void check(herr_t status, const std::string& what) {
-  if (status < 0) throw std::runtime_error("HDF5: " + what + " failed");
+  if (status < 0) throw hdf5_error(what);
 }
 Hid checked(hid_t id, herr_t (*close)(hid_t), const std::string& what) {
-  if (id < 0) throw std::runtime_error("HDF5: " + what + " failed");
+  if (id < 0) throw hdf5_error(what);
   return Hid(id, close);
 }
 

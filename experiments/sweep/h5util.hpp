@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,11 +33,27 @@ class Hid {
   herr_t (*close_)(hid_t) = nullptr;
 };
 
-// Failures are reported by return codes and turned into our own messages (std::runtime_error
-// "HDF5: WHAT failed"): HDF5's own error stack printing is switched off.
+// A failed HDF5 call: "HDF5: WHAT failed (REASON)", REASON the innermost message of HDF5's
+// error stack; for a failed read or write of the file, the errno it reported (else 0): a
+// full disk or an I/O error, the environment's problem rather than a bug.
+class H5Error : public std::runtime_error {
+ public:
+  H5Error(const std::string& what, const std::string& reason, int error_number);
+  int error_number() const { return error_number_; }
+
+ private:
+  int error_number_;
+};
+
+// Failures are reported by return codes and turned into H5Error: HDF5's own error stack
+// printing is switched off, and so is its clean-up at exit (after a failed H5Fclose, on a
+// full disk, HDF5 1.10's clean-up closes the broken file again and crashes; the kernel
+// closes the files at exit anyway).
 void silence_hdf5_errors();
 void check(herr_t status, const std::string& what);
 Hid checked(hid_t id, herr_t (*close)(hid_t), const std::string& what);
+// The H5Error for the failed call `what`, from HDF5's current error stack.
+H5Error hdf5_error(const std::string& what);
 
 Hid utf8_string_type();
 Hid simple_space(const std::vector<hsize_t>& dims, const std::vector<hsize_t>& max_dims = {});

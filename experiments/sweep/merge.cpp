@@ -391,17 +391,24 @@ class Merger {
                    "create dataset " + name);
   }
 
-  // Reads rows [first, first + count) of `dataset` (its own extent `dims`) into rows
-  // [at, at + count) of `buffer` (shape: rows x the merged extent).
-  static void read_rows(hid_t dataset, const std::vector<hsize_t>& dims, hsize_t first, hsize_t count, ElementBuffer& buffer,
-                        hsize_t at, hid_t memory_type) {
+  // A failed read of shard file f: the file is damaged (it opened and was checked whole
+  // before, so its layout is sound; its data are not).
+  void check_read(herr_t status, std::size_t f, const std::string& what) const {
+    if (status < 0)
+      throw InputError("sweep merge: " + shards_[f].path + " is damaged: " + hdf5_error(what).what() + "; not merged");
+  }
+
+  // Reads rows [first, first + count) of shard file f's `dataset` (its own extent `dims`)
+  // into rows [at, at + count) of `buffer` (shape: rows x the merged extent).
+  void read_rows(std::size_t f, hid_t dataset, const std::vector<hsize_t>& dims, hsize_t first, hsize_t count,
+                 ElementBuffer& buffer, hsize_t at, hid_t memory_type) const {
     std::vector<hsize_t> start(dims.size(), 0), block = dims, memory_start(dims.size(), 0);
     start[0] = first, block[0] = count, memory_start[0] = at;
     Hid file_space = checked(H5Dget_space(dataset), H5Sclose, "H5Dget_space");
     check(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, block.data(), nullptr), "select rows");
     Hid memory_space = simple_space(buffer.shape());
     check(H5Sselect_hyperslab(memory_space.get(), H5S_SELECT_SET, memory_start.data(), nullptr, block.data(), nullptr), "select rows");
-    check(H5Dread(dataset, memory_type, memory_space.get(), file_space.get(), H5P_DEFAULT, buffer.data()), "read rows");
+    check_read(H5Dread(dataset, memory_type, memory_space.get(), file_space.get(), H5P_DEFAULT, buffer.data()), f, "read rows");
   }
 
   void merge_rows(const std::vector<hid_t>& sets, const std::vector<std::vector<hsize_t>>& dims, hid_t out,
@@ -426,7 +433,7 @@ class Merger {
           const std::size_t f = holders_[p].front();
           hsize_t end = p + 1;
           while (end < first + rows && holders_[end].size() == 1 && holders_[end].front() == f) ++end;
-          read_rows(sets[f], dims[f], p, end - p, buffer, p - first, memory_type);
+          read_rows(f, sets[f], dims[f], p, end - p, buffer, p - first, memory_type);
           p = end;
           continue;
         }
@@ -435,7 +442,7 @@ class Merger {
         std::vector<std::unique_ptr<ElementBuffer>> parts;
         for (std::size_t f : holders_[p]) {
           parts.push_back(std::make_unique<ElementBuffer>(memory_type, row_shape, fill));
-          read_rows(sets[f], dims[f], p, 1, *parts.back(), 0, memory_type);
+          read_rows(f, sets[f], dims[f], p, 1, *parts.back(), 0, memory_type);
         }
         for (hsize_t e = 0; e < row_elements; ++e) {
           std::optional<std::size_t> source;
@@ -468,7 +475,7 @@ class Merger {
     std::vector<std::string> values;
     for (std::size_t f = 0; f < sets.size(); ++f) {
       buffers.push_back(std::make_unique<ElementBuffer>(memory_type, std::vector<hsize_t>{elements}, fill));
-      if (elements) check(H5Dread(sets[f], memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buffers.back()->data()), "read " + path);
+      if (elements) check_read(H5Dread(sets[f], memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buffers.back()->data()), f, "read " + path);
       std::string value;
       for (std::size_t e = 0; e < elements; ++e) value += element_value(memory_type, buffers.back()->data() + e * fill.size());
       values.push_back(std::move(value));
@@ -498,8 +505,8 @@ class Merger {
       tables.push_back(std::make_unique<ElementBuffer>(memory_type, std::vector<hsize_t>{n}, fill));
       std::vector<Key> keys(n);
       if (n) {
-        check(H5Dread(sets[f], memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, tables.back()->data()), "read " + path);
-        check(H5Dread(sets[f], key_type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, keys.data()), "read " + path + " point");
+        check_read(H5Dread(sets[f], memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, tables.back()->data()), f, "read " + path);
+        check_read(H5Dread(sets[f], key_type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, keys.data()), f, "read " + path + " point");
       }
       for (hsize_t i = 0; i < n; ++i) {
         const Key k = keys[i];
@@ -539,6 +546,7 @@ ShardFile open_shard(const std::string& path) {
   if (!std::filesystem::exists(path, ec)) throw InputError("sweep merge: " + path + ": no such file");
   if (LockProbe(path, LOCK_SH).refused()) throw InputError(in_use_message(path));
   if (H5Fis_hdf5(path.c_str()) <= 0) throw InputError("sweep merge: " + path + " is not an HDF5 file");
+  check_readable_output(path, "sweep merge");
   s.file = Hid(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (s.file.get() < 0) throw InputError("sweep merge: " + path + ": cannot open it as HDF5");
   const hid_t f = s.file.get();
@@ -714,6 +722,7 @@ int merge_main(int argc, char** argv) {
   if (existing.kind != ExistingOutput::Kind::missing && !args.force) {
     if (existing.kind == ExistingOutput::Kind::roundoff && !existing.shard && existing.config_sha256 == first.config_sha256 &&
         existing.status == "complete") {
+      check_readable_output(args.output, "sweep merge");
       std::fprintf(stderr, "sweep merge: %s is already the complete output of this config; showing it (--force merges again)\n",
                    args.output.c_str());
       if (!args.quiet) print_summary(args.output);
@@ -732,6 +741,10 @@ int merge_main(int argc, char** argv) {
   } catch (const MergeInterrupted&) {
     std::fprintf(stderr, "sweep merge: interrupted; %s not written\n", args.output.c_str());
     return 130;
+  } catch (const H5Error& e) {
+    if (e.error_number() == 0) throw;  // a full disk or an I/O error: the environment's, not a bug
+    throw InputError("sweep merge: cannot write " + args.output + ": " + std::strerror(e.error_number()) + " (" + e.what() +
+                     "); not written, the shards are unchanged");
   }
   std::fprintf(stderr, "sweep merge: wrote %s from %zu shards (%zu runs)\n", args.output.c_str(), shards.size(), owners.size());
   if (!args.quiet) print_summary(args.output);

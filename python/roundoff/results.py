@@ -84,12 +84,32 @@ def _plain(value):
 
 def open(path):
     """Reads every dataset of a sweep output into a Results. A file that is not a sweep
-    output raises ValueError naming it."""
+    output, or a truncated or damaged one (unreadable, or datasets whose shapes disagree),
+    raises ValueError naming it and what is wrong; the file is only read."""
     try:
         with h5py.File(path, "r") as f:
-            return _read(path, f)
-    except (OSError, KeyError) as error:
-        raise ValueError("%s: not a readable sweep output (%s)" % (path, error)) from None
+            result = _read(path, f)
+    except (OSError, KeyError, ValueError, TypeError, AttributeError, RuntimeError, UnicodeDecodeError) as error:
+        raise ValueError("%s: not a readable sweep output (%s: %s)" % (path, type(error).__name__, error)) from None
+    problem = _shape_problem(result)
+    if problem:
+        raise ValueError("%s: not a readable sweep output (damaged: %s)" % (path, problem))
+    return result
+
+
+def _shape_problem(result):
+    """What disagrees with /done's [P] and /done_replicas' [P, R], or None."""
+    if result.done.ndim != 1 or result.done_replicas.ndim != 2 or len(result.done_replicas) != len(result.done):
+        return "/done is %s and /done_replicas %s" % (result.done.shape, result.done_replicas.shape)
+    n_points, replicas = result.done_replicas.shape
+    for name, values in result.points.items():
+        if values.shape != (n_points,):
+            return "/points/%s is %s, not (%d,)" % (name, values.shape, n_points)
+    for group, datasets in (("metrics", result.metrics), ("flags", result.flags)):
+        for name, values in datasets.items():
+            if values.shape != (n_points, replicas):
+                return "/%s/%s is %s, not (%d, %d)" % (group, name, values.shape, n_points, replicas)
+    return None
 
 
 def _read(path, f):

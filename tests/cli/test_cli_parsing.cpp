@@ -755,3 +755,37 @@ TEST_CASE("options: --trap flag lists and --tininess", "[cli][provenance]") {
   CHECK_THROWS_AS(context({"--tininess", "during"}), UsageError);
   CHECK_THROWS_AS(context({"--trap", "oflo,bogus"}), UsageError);
 }
+
+TEST_CASE("expression and number limits: clear errors, never the stack (issue 23)", "[cli]") {
+  using emu::cli::kMaxExpressionLength;
+  using emu::cli::kMaxNesting;
+  using emu::cli::parse_expression;
+  const auto error_of = [](const std::string& text) -> std::string {
+    try {
+      parse_expression(text);
+    } catch (const emu::cli::SyntaxError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const auto nested = [](int depth) { return std::string(depth, '(') + "1" + std::string(depth, ')'); };
+  CHECK(error_of(nested(kMaxNesting)).empty());
+  CHECK(error_of(nested(kMaxNesting + 1)) == "column 101: more than 100 levels of nested parentheses and signs (the limit)");
+  // The crash of issue 23 (20,000 parentheses) and the deepest nesting the length allows.
+  CHECK(error_of(nested(20000)).find("longer than 4096 characters") != std::string::npos);
+  CHECK(error_of(std::string(kMaxExpressionLength, '(')).find("levels of nested") != std::string::npos);
+  CHECK(error_of(std::string(kMaxNesting + 1, '-') + "(1)").find("levels of nested") != std::string::npos);
+
+  // The longest expression is evaluated (its tree is as deep as it has operators).
+  std::string chain = "1";
+  while (chain.size() + 2 <= kMaxExpressionLength) chain += "+1";
+  emu::Context ctx;
+  emu::cli::RaisedBy raised_by;
+  CHECK(emu::cli::evaluate(*parse_expression(chain), emu::fp32(), ctx, raised_by) ==
+        static_cast<double>(chain.size() / 2 + 1));
+  CHECK(error_of(chain + "+1") == "column 4097: the expression is longer than 4096 characters (the limit)");
+
+  CHECK_NOTHROW(parse_number("1." + std::string(emu::cli::kMaxNumberLength - 2, '5')));
+  CHECK_THROWS_WITH(parse_number(std::string(emu::cli::kMaxNumberLength + 1, '7')),
+                    "longer than 10000 characters (the limit)");
+}
