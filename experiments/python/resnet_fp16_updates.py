@@ -1,10 +1,11 @@
 """A ResNet on Fashion-MNIST with fp16 weights and updates (configs/resnet_fp16_updates.yaml).
 
-The ResNet of He et al. (2016) for small images, depth 6N + 2 (N = 3: ResNet-20) with
-16/32/64 channels, written here in torch for 28x28 greyscale images: a 3x3 convolution
-and batch norm, three stages of N basic blocks (3x3 conv, BN, ReLU, 3x3 conv, BN, plus the
-shortcut, ReLU; the second and third stages halve the resolution, their first shortcut a
-1x1 convolution with stride 2 and BN), global average pooling and a linear classifier.
+The ResNet of He et al. (2016) for small images, depth 6N + 2 (N = 1: ResNet-8, N = 3:
+ResNet-20) with 16/32/64 channels, written here in torch for 28x28 greyscale images: a 3x3
+convolution and batch norm, three stages of N basic blocks (3x3 conv, BN, ReLU, 3x3 conv,
+BN, plus the shortcut, ReLU; the second and third stages halve the resolution, their first
+shortcut a 1x1 convolution with stride 2 and BN), global average pooling and a linear
+classifier.
 
 The weights are stored in fp16 and updated by roundoff.torch.SGD (momentum 0.9) under one
 of its update rules: fp16-rn (w - delta rounded to nearest: an update below half an ulp
