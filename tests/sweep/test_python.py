@@ -259,7 +259,7 @@ class PythonSweepTest(unittest.TestCase):
         described = self.folder.sweep("--describe", config)
         self.assert_ok(described)
         self.assertIn(f"python ({config}): runs that fail in each documented way", described.stdout)
-        self.assertIn("mode           string ok         what the run does [one of: ok raise nan undeclared crash]",
+        self.assertIn("mode           string ok         what the run does [one of: ok raise nan undeclared crash trap]",
                       described.stdout)
         self.assertIn("headline: value", described.stdout)
         planned = self.folder.sweep(config, "--dry-run")
