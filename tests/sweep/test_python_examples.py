@@ -5,8 +5,8 @@ tiny grid (ResNet-8, two steps), whose figures roundoff.plot draws and whose HTM
 roundoff.report writes, both checked against what the runs computed.
 
 Run by meson with SWEEP (build/sweep) and PYTHONPATH (build/python); skipped, saying why,
-without torch or Debian's dataset-fashion-mnist. About 20 s on 2 cores, most of it
-importing torch in the workers.
+without torch or Debian's dataset-fashion-mnist. Under a minute on 2 cores (61 s measured with
+other jobs loading them), most of it importing torch in the workers.
 """
 
 import importlib.util
