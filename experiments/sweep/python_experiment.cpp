@@ -180,10 +180,10 @@ Experiment read_declaration(WireReader& r, const std::string& run_target) {
   return e;
 }
 
-emu::Flag flag_named(const std::string& name) {
+emu::Flag flag_named(const std::string& name, const std::string& what) {
   for (emu::Flag flag : emu::kAllFlags)
     if (name == emu::flag_name(flag)) return flag;
-  throw RunRaised("fp_counts: unknown flag '" + name + "' (OFLO, DIV0, INV, UFLO or INEXACT)", "");
+  throw RunRaised(what + ": unknown flag '" + name + "' (OFLO, DIV0, INV, UFLO or INEXACT)", "");
 }
 
 RunResult read_result(WireReader& r) {
@@ -200,7 +200,7 @@ RunResult read_result(WireReader& r) {
   }
   for (auto n = r.number<std::uint64_t>(); n > 0; --n) {
     emu::OpCount c;
-    c.scope = r.text(), c.op = r.text(), c.flag = flag_named(r.text()), c.count = r.number<std::uint64_t>();
+    c.scope = r.text(), c.op = r.text(), c.flag = flag_named(r.text(), "fp_counts"), c.count = r.number<std::uint64_t>();
     c.first_element.flat = r.number<std::int64_t>();
     c.first_operands = r.doubles();
     c.first_result = std::numeric_limits<double>::quiet_NaN();  // roundoff.torch's table does not carry it
@@ -209,6 +209,26 @@ RunResult read_result(WireReader& r) {
   }
   r.end();
   return result;
+}
+
+// The report of the roundoff.FloatingPointTrap that ended a run ('T').
+emu::TrapReport read_trap(WireReader& r) {
+  emu::TrapReport trap;
+  trap.flag = flag_named(r.text(), "FloatingPointTrap");
+  trap.scope = r.text(), trap.op = r.text();
+  trap.element.flat = r.number<std::int64_t>();
+  const auto rank = r.number<std::uint64_t>();
+  if (rank > emu::Element::kMaxRank)
+    throw RunRaised("FloatingPointTrap: an index of " + std::to_string(rank) + " dimensions (at most " +
+                        std::to_string(emu::Element::kMaxRank) + ")",
+                    "");
+  trap.element.rank = static_cast<int>(rank);
+  for (std::uint64_t i = 0; i < rank; ++i) trap.element.index[i] = r.number<std::int64_t>();
+  trap.operands = r.doubles();
+  trap.result = r.number<double>();
+  trap.status = static_cast<emu::Flags>(r.number<std::uint8_t>() | trap.flag);
+  r.end();
+  return trap;
 }
 
 // The workers of one experiment: idle ones wait here between runs; a run takes one (or
@@ -330,11 +350,16 @@ RunResult run_in_worker(WorkerPool& pool, const Params& params, const RunEnv& en
     pool.give_back(worker);
     throw RunRaised(text, traceback);
   }
-  if (message[0] != 'R') {
+  if (message[0] != 'R' && message[0] != 'T') {
     reap(worker, true);
     throw std::runtime_error(std::string(kWhat) + ": expected a result");
   }
   try {
+    if (message[0] == 'T') {
+      emu::TrapReport trap = read_trap(r);
+      pool.give_back(worker);
+      throw emu::FpException(std::move(trap));  // the runner records the run's trap outcome
+    }
     RunResult result = read_result(r);
     pool.give_back(worker);
     return result;

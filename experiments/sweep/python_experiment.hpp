@@ -27,6 +27,9 @@
 //     'R' result: metrics: count, each text name, f64; traces: count, each text name,
 //         f64 array x, f64 array y; fp_counts: count, each text scope, text op, text flag,
 //         u64 count, i64 element (flat index, -1 none), f64 array operands
+//     'T' a roundoff.FloatingPointTrap ended the run (its trap outcome, as fp_exceptions:
+//         trap): text flag, text scope, text op, i64 element (-1 none), index: count (at
+//         most 4), each i64; f64 array operands, f64 result, u8 status (emu::Flags)
 //     'F' the run failed: text message (one line), text traceback
 //   End: the sweep closes its end; the worker exits.
 #pragma once
@@ -47,8 +50,9 @@ class PythonLoadError : public std::runtime_error {
 
 // The experiment `run_target` declares (run: PATH.py:FUNCTION, a path relative to
 // `config_folder`, or package.module:FUNCTION, imported with `config_folder` on sys.path).
-// Its `run` hands each run to a worker: a callable that raises, or a worker that dies,
-// throws RunRaised (that run fails); a cancelled run kills its worker. Throws
+// Its `run` hands each run to a worker: a callable that raises roundoff.FloatingPointTrap
+// throws emu::FpException (the run's trap outcome); one that raises anything else, or a
+// worker that dies, throws RunRaised (that run fails); a cancelled run kills its worker. Throws
 // PythonLoadError.
 std::shared_ptr<const Experiment> load_python_experiment(const std::string& run_target, const std::string& config_folder);
 

@@ -3,8 +3,8 @@
 Started by sweep as ``python3 -m roundoff._worker FD TARGET CONFIG_FOLDER``, one per compute
 thread; it speaks the framed protocol of experiments/sweep/python_experiment.hpp on file
 descriptor FD: first the declaration ('D') or why the callable cannot be loaded ('E'), then
-one reply ('R' result or 'F' failure with its traceback) per run request, until sweep
-closes its end. It ignores SIGINT and SIGTERM: sweep owns its lifetime (it kills a worker
+one reply per run request ('R' result, 'T' the roundoff.FloatingPointTrap that ended the
+run, or 'F' failure with its traceback), until sweep closes its end. It ignores SIGINT and SIGTERM: sweep owns its lifetime (it kills a worker
 whose run is cancelled). Before each run it sets torch's intra-op threads to 1 where torch
 is imported, so that a run is a pure function of its parameters, replica and seed, and -j1
 and -j2 give the same bits.
@@ -18,6 +18,7 @@ import struct
 import sys
 import traceback
 
+import roundoff
 from roundoff import experiment as _experiment
 
 _TYPE_CODES = {"int": 0, "float": 1, "str": 2, "bool": 3}
@@ -177,6 +178,23 @@ def _result_message(metrics, traces, rows):
     return w
 
 
+def _trap_message(trap):
+    """A roundoff.FloatingPointTrap the callable raised: the run's trap outcome."""
+    w = _Writer("T")
+    w.text(trap.flag)
+    w.text(trap.scope)
+    w.text(trap.op)
+    w.i64(-1 if trap.element is None else int(trap.element))
+    index = () if trap.index is None else tuple(trap.index)
+    w.u64(len(index))
+    for i in index:
+        w.i64(int(i))
+    w.doubles([float(v) for v in trap.operands])
+    w.f64(float(trap.result))
+    w.u8(int(trap.status))
+    return w
+
+
 def _one_thread():
     torch = sys.modules.get("torch")
     if torch is not None and torch.get_num_threads() != 1:
@@ -217,6 +235,8 @@ def main(argv):
             result = function(params, replica, seed)
             _one_thread()
             message = _result_message(*_experiment.check_result(declaration, result))
+        except roundoff.FloatingPointTrap as trap:  # an enabled trap ends the run: its outcome, not a failure
+            message = _trap_message(trap)
         except Exception as e:  # noqa: BLE001 (the run fails, the worker goes on)
             message = _Writer("F")
             message.text(f"{type(e).__name__}: {_one_line(e)}")

@@ -187,6 +187,22 @@ class PythonSweepTest(unittest.TestCase):
         with h5py.File(out, "r") as h5:
             self.assertNotIn("failures", h5)
 
+    def test_a_floating_point_trap_is_the_runs_trap_outcome(self):
+        _, run, out = self.misbehave(["ok", "trap"])
+        self.assert_ok(run)
+        r = results.open(out)
+        self.assertEqual(r.attrs["status"], "complete")
+        self.assertTrue(r.done_replicas.all())
+        np.testing.assert_array_equal(r.metrics["value"], [[0, 1], [0, np.nan]])
+        traps = results.traps_table(r)
+        self.assertEqual(traps[["point", "replica", "flag", "scope", "op", "element", "index", "operands"]]
+                         .values.tolist(), [[1, 1, "OFLO", "", "add", 1, (1,), (60000.0, 60000.0)]])
+        self.assertEqual(traps["result"][0], np.inf)
+        self.assertEqual(traps["fp_sts"][0], 4)  # $FP_STS bit 2: OFLO
+        np.testing.assert_array_equal(r.flags["OFLO"], [[False, False], [False, True]])
+        with h5py.File(out, "r") as h5:
+            self.assertNotIn("failures", h5)
+
     def test_a_nan_metric_is_stored_as_nan(self):
         _, run, out = self.misbehave(["nan"])
         self.assert_ok(run)
@@ -243,7 +259,7 @@ class PythonSweepTest(unittest.TestCase):
         described = self.folder.sweep("--describe", config)
         self.assert_ok(described)
         self.assertIn(f"python ({config}): runs that fail in each documented way", described.stdout)
-        self.assertIn("mode           string ok         what the run does [one of: ok raise nan undeclared crash]",
+        self.assertIn("mode           string ok         what the run does [one of: ok raise nan undeclared crash trap]",
                       described.stdout)
         self.assertIn("headline: value", described.stdout)
         planned = self.folder.sweep(config, "--dry-run")
