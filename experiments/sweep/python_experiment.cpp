@@ -290,6 +290,10 @@ class WorkerPool {
     posix_spawn_file_actions_adddup2(&actions, sockets[1], 3);
     posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_adddup2(&actions, 2, 1);
+    // Nothing else: HDF5 opens the output without O_CLOEXEC, and a worker started while
+    // it is open would hold its flock after the sweep closes it, so that the sweep could
+    // not open it again for its summary.
+    posix_spawn_file_actions_addclosefrom_np(&actions, 4);
     Worker worker;
     const int error = posix_spawn(&worker.pid, python.c_str(), &actions, nullptr, argv.data(), envp.data());
     posix_spawn_file_actions_destroy(&actions);
