@@ -25,7 +25,7 @@ constexpr Named<UnitKind> kUnits[] = {
     {UnitKind::h200, "h200", "NVIDIA H200 (Hopper) tensor cores (fp16, bf16, tf32, fp8)"},
     {UnitKind::b200, "b200", "NVIDIA Blackwell tensor cores (fp16, bf16, tf32, fp8; block-scaled MMA)"},
     {UnitKind::mi100, "mi100", "AMD MI100 (CDNA1) matrix cores (fp16, bf16, fp32)"},
-    {UnitKind::mi250x, "mi250x", "AMD MI250X (CDNA2) matrix cores (fp16, bf16, fp32, fp64; fp16/bf16 flush subnormals)"},
+    {UnitKind::mi250x, "mi250x", "AMD MI250X (CDNA2) matrix cores (fp16, bf16, fp32, fp64; fp16, bf16 flushed)"},
     {UnitKind::mi300x, "mi300x", "AMD MI300X (CDNA3) matrix cores (fp16, bf16, tf32 as xf32, fp8 fnuz, fp32, fp64)"},
     {UnitKind::ipu_amp, "ipu-amp", "Graphcore IPU AMP, fp16 inputs, fp32 partials (f16v4sisoamp)"},
     {UnitKind::ipu_amp_half, "ipu-amp-half", "Graphcore IPU AMP, fp16 inputs, fp16 partials (f16v4hihoamp)"},

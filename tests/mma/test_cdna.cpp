@@ -67,7 +67,8 @@ Value decode(const Layout& l, std::uint64_t bits) {
   Value x;
   x.negative = ((bits >> (l.exponent_bits + l.fraction_bits)) & 1) != 0;
   x.exponent = e == 0 ? l.emin() : e - l.bias;
-  const Big significand = e == 0 ? Big(static_cast<double>(m)) : Big(static_cast<double>(m + (std::uint64_t{1} << l.fraction_bits)));
+  const std::uint64_t hidden = e == 0 ? 0 : std::uint64_t{1} << l.fraction_bits;
+  const Big significand = Big(static_cast<double>(m + hidden));
   x.v = mp::ldexp(significand, x.exponent - l.fraction_bits);
   if (x.negative) x.v = -x.v;
   return x;
@@ -297,7 +298,9 @@ int compare_random(UnitKind kind, const emu::Format& in, const Model& m, int ins
   return mismatches;
 }
 
-Model pairwise(int group, bool flush, const Layout& in) { return {Model::Path::pairwise, group, flush, false, false, in}; }
+Model pairwise(int group, bool flush, const Layout& in) {
+  return {Model::Path::pairwise, group, flush, false, false, in};
+}
 Model fused(int group, const Layout& in) { return {Model::Path::fused, group, false, false, false, in}; }
 
 double dot(UnitKind kind, const emu::Format& in, std::vector<double> a, std::vector<double> b, double c) {
@@ -456,6 +459,28 @@ TEST_CASE("AMD presets against the documented model on random instructions", "[c
   const Model chain{Model::Path::fma_chain, 1, false, false, false, kFp32};
   CHECK(compare_random(UnitKind::mi100, emu::fp32(), chain, 4, 10, 1000) == 0);
   CHECK(compare_random(UnitKind::mi250x, emu::fp32(), chain, 4, 11, 1000) == 0);
+}
+
+TEST_CASE("fp64 MFMA (mi250x, mi300x): an fma chain, against the host's fma", "[cdna]") {
+  std::mt19937_64 rng(12);
+  std::uniform_real_distribution<double> mantissa(-2, 2);
+  std::uniform_int_distribution<int> exponent(-60, 60);
+  for (UnitKind kind : {UnitKind::mi250x, UnitKind::mi300x}) {
+    const auto unit = emu::make_unit(kind, emu::fp64());
+    for (int t = 0; t < 500; ++t) {
+      const std::size_t k = 1 + rng() % 12;
+      std::vector<double> a(k), b(k);
+      double want = std::ldexp(mantissa(rng), exponent(rng)), c = want;
+      for (std::size_t i = 0; i < k; ++i) {
+        a[i] = std::ldexp(mantissa(rng), exponent(rng));
+        b[i] = std::ldexp(mantissa(rng), exponent(rng));
+        want = std::fma(a[i], b[i], want);
+      }
+      emu::Context ctx;
+      CHECK(std::bit_cast<std::uint64_t>(unit->dot(ctx, k, a.data(), 1, b.data(), 1, c)) ==
+            std::bit_cast<std::uint64_t>(want));
+    }
+  }
 }
 
 TEST_CASE("AMD presets round to nearest even whatever the context's rounding", "[cdna]") {
