@@ -10,8 +10,9 @@
 // hardware on randomized tests; MIOpen's "MI200 MFMA behavior specifics" note
 // (rocm.docs.amd.com/projects/MIOpen, MI200AlternateImplementation) for the flush on
 // MI200: "MFMA_F16, MFMA_BF16 and MFMA_BF16_1K flush subnormal input/output data to
-// zero". Instruction names and shapes as AMD's ISA guides (CDNA3 ISA, section on MFMA)
-// and MMA-Sim's mmasim/isa/amd.py list them. Each unit runs its 16x16 instruction:
+// zero". Instruction names and shapes as MMA-Sim's mmasim/isa/amd.py lists them (after
+// AMD's CDNA1-3 ISA guides, which name and shape the MFMA instructions but say nothing of
+// their internal rounding). Each unit runs its 16x16 instruction:
 //  mi100   fp16 v_mfma_f32_16x16x16f16 (pairwise, groups of 4), bf16
 //          v_mfma_f32_16x16x8bf16 (pairwise, groups of 2), fp32 v_mfma_f32_16x16x4f32
 //          (fma chain);
@@ -85,8 +86,10 @@
 //  - Flushing on CDNA2: MIOpen names the fp16 and bf16 instructions only; MMA-Sim
 //    flushes inputs, c, every product and every partial sum of those, and nothing on
 //    fp32 and fp64 (as here). CDNA1 flushes nothing in MMA-Sim; no AMD document says
-//    either way. The paper validates two AMD architectures; MMA-Sim's CDNA1 model is its
-//    CDNA2 model without the flush and bf16 groups of 2.
+//    either way. The paper's abstract counts two AMD architectures among those it
+//    validated on hardware, while its code models three (CDNA1-3); which two, the
+//    sources read here do not say. Its CDNA1 model is the CDNA2 one without the flush,
+//    with bf16 groups of 2 (the pre-_1k bf16 instructions).
 //  - Mixed fp8 inputs (fp8 with bf8) take the same path; a unit here has one input
 //    format, so they are not offered.
 //  - xf32's truncation: the front ends round operands into --in tf32 first, after which
