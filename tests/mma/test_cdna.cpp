@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -289,10 +290,11 @@ int compare_random(UnitKind kind, const emu::Format& in, const Model& m, int ins
     const double want = model_dot(m, ab, bb, c);
     const bool same = std::isnan(want) ? std::isnan(got) : fp32_bits(got) == fp32_bits(want);
     if (!same && ++mismatches <= 5) {
-      std::string ops;
-      for (std::size_t i = 0; i < k; ++i) ops += " " + std::to_string(a[i]) + "*" + std::to_string(b[i]);
+      std::ostringstream ops;
+      ops << std::hexfloat;
+      for (std::size_t i = 0; i < k; ++i) ops << ' ' << a[i] << '*' << b[i];
       UNSCOPED_INFO(emu::unit_kind_name(kind) << " " << in.name() << " k " << k << " c " << c << ": got " << got
-                                              << " want " << want << " |" << ops);
+                                              << " want " << want << " |" << ops.str());
     }
   }
   return mismatches;
