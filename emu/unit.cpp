@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "amp.hpp"
+#include "cdna.hpp"
 #include "exact_sum.hpp"
 #include "mma.hpp"
 #include "sequential.hpp"
@@ -23,6 +24,9 @@ constexpr Named<UnitKind> kUnits[] = {
     {UnitKind::h100, "h100", "NVIDIA Hopper tensor cores (fp16, bf16, tf32, fp8)"},
     {UnitKind::h200, "h200", "NVIDIA H200 (Hopper) tensor cores (fp16, bf16, tf32, fp8)"},
     {UnitKind::b200, "b200", "NVIDIA Blackwell tensor cores (fp16, bf16, tf32, fp8; block-scaled MMA)"},
+    {UnitKind::mi100, "mi100", "AMD MI100 (CDNA1) matrix cores (fp16, bf16, fp32)"},
+    {UnitKind::mi250x, "mi250x", "AMD MI250X (CDNA2) matrix cores (fp16, bf16, fp32, fp64; fp16, bf16 flushed)"},
+    {UnitKind::mi300x, "mi300x", "AMD MI300X (CDNA3) matrix cores (fp16, bf16, tf32 as xf32, fp8 fnuz, fp32, fp64)"},
     {UnitKind::ipu_amp, "ipu-amp", "Graphcore IPU AMP, fp16 inputs, fp32 partials (f16v4sisoamp)"},
     {UnitKind::ipu_amp_half, "ipu-amp-half", "Graphcore IPU AMP, fp16 inputs, fp16 partials (f16v4hihoamp)"},
     {UnitKind::exact, "exact", "the exact dot product, rounded once into the output format"},
@@ -168,6 +172,10 @@ std::unique_ptr<MatrixUnit> make_unit(UnitKind kind, std::optional<Format> in, s
     case UnitKind::ipu_amp:
     case UnitKind::ipu_amp_half:
       return make_ipu_amp_unit(kind == UnitKind::ipu_amp_half, in, out);
+    case UnitKind::mi100:
+    case UnitKind::mi250x:
+    case UnitKind::mi300x:
+      return make_cdna_unit(kind, in, out);
     default:
       return make_tensor_core_unit(kind, in, out);
   }

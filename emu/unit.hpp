@@ -15,6 +15,7 @@ namespace emu {
 
 enum class UnitKind {
   v100, t4, a100, ada, l40s, h100, h200, b200,  // NVIDIA tensor cores (emu/mma.hpp)
+  mi100, mi250x, mi300x,                         // AMD matrix cores (emu/cdna.hpp)
   ipu_amp,       // IPU AMP, fp16 inputs, fp32 partials (f16v4sisoamp)
   ipu_amp_half,  // IPU AMP, fp16 inputs, fp16 partials (f16v4hihoamp)
   exact,         // c + sum a_i b_i computed exactly, rounded once into the output format

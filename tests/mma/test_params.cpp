@@ -381,6 +381,15 @@ TEST_CASE("every unit name gives its documented result on hand-worked dot produc
   //  block 16: all dropped: +0.
   //  ipu-amp, ipu-amp-half (fp16 subnormals hold it), exact, fp32-seq, fp16-seq: all
   //    14 x 2^-24 = 7 * 2^-23, exact at every step.
+  // mi100 and mi250x (pairwise fp32 sums in groups of 4; nothing here is subnormal):
+  //  case 1: (1 + 2^-25) + (2^-25 + 2^-25) = 1 + 2^-24 -> tie to even 1; three groups of
+  //    4 * 2^-25 = 2^-23 each: 1 + 3 * 2^-23.
+  //  case 2: (1 + 2^-24) = 1, (2^-24 + 2^-24) = 2^-23: 1 + 2^-23; three groups of 2^-22:
+  //    1 + 7 * 2^-23.  case 3: (1024 - 1024) + 2^-23, then three 2^-22: 7 * 2^-23.
+  // mi300x (fused groups of 8, 24 bits below E, rounded to nearest even):
+  //  case 1: group 1 cuts its 2^-25s: 1; group 2 adds 8 * 2^-25 = 2^-22: 1 + 2 * 2^-23.
+  //  case 2: 1 + 7 * 2^-24 = 1 + 3.5 ulp -> 1 + 4 ulp; + 8 * 2^-24: 1 + 2^-20.
+  //  case 3: group 1 cuts its 2^-24s against 2^10: +0; group 2: 8 * 2^-24 = 2^-21.
   std::vector<double> a1(16, p2(-12)), b1(16, p2(-13)), a2(16, p2(-12)), b2(16, p2(-12));
   a1[0] = b1[0] = a2[0] = b2[0] = 1;
   std::vector<double> a3(16, p2(-12)), b3(16, p2(-12));
@@ -400,6 +409,9 @@ TEST_CASE("every unit name gives its documented result on hand-worked dot produc
       {"h100", 1 + 3 * u, 1 + 7 * u, 0.0},
       {"h200", 1 + 3 * u, 1 + 7 * u, 0.0},
       {"b200", 1 + 3 * u, 1 + 7 * u, 0.0},
+      {"mi100", 1 + 3 * u, 1 + 7 * u, 7 * u},
+      {"mi250x", 1 + 3 * u, 1 + 7 * u, 7 * u},
+      {"mi300x", 1 + 2 * u, 1 + p2(-20), p2(-21)},
       {"ipu-amp", 1 + p2(-21), 1 + p2(-20), 7 * u},
       {"ipu-amp-half", 1.0, 1.0, 7 * u},
       {"exact", 1 + p2(-21), 1 + p2(-20), 7 * u},
