@@ -172,17 +172,6 @@ RunResult run_block_quant(const Params& params, const RunEnv& env) {
   return r;
 }
 
-std::string check_block_format_name(const ParamValue& v) {
-  const std::string* s = std::get_if<std::string>(&v);
-  if (!s) return "expected a string";
-  try {
-    (void)emu::block_format_by_name(*s);
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
-}
-
 Experiment make_block_quant() {
   Experiment e;
   e.name = "block_quant";

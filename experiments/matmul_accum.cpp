@@ -56,7 +56,6 @@
 #include "emu/unit.hpp"
 #include "emu/unit_request.hpp"
 #include "experiment.hpp"
-#include "operand_format.hpp"
 
 namespace roundoff {
 
@@ -81,7 +80,7 @@ struct Point {
 Point point_of(const Params& p) {
   Point t;
   t.request.unit = emu::unit_kind_by_name(p.string("unit"));
-  t.request.in = operand_format_by_name(p.string("in_format"));
+  t.request.in = emu::operand_format_by_name(p.string("in_format"));
   if (const std::string& out = p.string("out_format"); !is_default_format(out)) t.request.out = emu::format_by_name(out);
   t.request.fused = p.boolean("fused");
   t.m = static_cast<std::size_t>(p.integer("M"));

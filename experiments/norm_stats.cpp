@@ -32,8 +32,8 @@
 #include "emu/arith.hpp"
 #include "emu/exact_sum.hpp"
 #include "emu/format.hpp"
+#include "emu/unit_request.hpp"
 #include "experiment.hpp"
-#include "operand_format.hpp"
 
 namespace roundoff {
 
@@ -216,7 +216,7 @@ double median_of(std::vector<double> v) {
 
 RunResult run_norm_stats(const Params& p, const RunEnv& env) {
   using namespace norm_stats;
-  const OperandFormat input = operand_format_by_name(p.string("format"));
+  const emu::OperandFormat input = emu::operand_format_by_name(p.string("format"));
   const emu::Format accumulation = emu::format_by_name(p.string("accumulation"));
   const Algorithm algorithm = algorithm_by_name(p.string("algorithm"));
   const auto length = static_cast<std::size_t>(p.integer("length"));
@@ -361,7 +361,7 @@ Experiment make_norm_stats() {
   e.headline_metric = "var_rel_error";
   e.run = run_norm_stats;
   e.check_point = [](const Params& p) -> std::string {
-    const OperandFormat input = operand_format_by_name(p.string("format"));
+    const emu::OperandFormat input = emu::operand_format_by_name(p.string("format"));
     // Block formats: MX values have at most 8 significand bits, NVFP4's at most
     // 2 + 4 + 24 (element, UE4M3 scale, fp32 tensor scale), within what the exact
     // reference takes (53 - 16); their range (scales up to 2^127) holds any finite mean.
