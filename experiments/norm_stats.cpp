@@ -333,8 +333,8 @@ Experiment make_norm_stats() {
                 "at every point",
                 1, static_cast<double>(kMaxVectors)),
       string_param("rounding", "rne",
-                   "rounding of every operation of the statistics (inputs enter with rne): rne rna rz ru rd ro sr; "
-                   "sr takes its bits from the run's stream",
+                   "rounding of every operation of the statistics (inputs enter with rne): " +
+                       emu::name_list(emu::rounding_table()) + "; sr takes its bits from the run's stream",
                    {}, check_rounding_name),
       string_param("overflow", "inf",
                    "what an overflowing result becomes: inf (IEEE) or saturate (to +-max, as the IPU does with "
