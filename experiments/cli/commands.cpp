@@ -970,9 +970,9 @@ int gemm(const std::vector<std::string>& args, Output& out) {
 }
 
 
-// `text` broken into lines of at most 88 columns at spaces, after `line` (what the first
-// line starts with); the lines after the first start with `hang` spaces.
-std::string wrapped(std::string_view text, std::string line = "", std::size_t hang = 0) {
+// `text` broken into lines of at most `width` columns at spaces, after `line` (what the
+// first line starts with); the lines after the first start with `hang` spaces.
+std::string wrapped(std::string_view text, std::string line = "", std::size_t hang = 0, std::size_t width = 88) {
   std::string out;
   bool words_on_line = false;
   std::size_t start = 0;
@@ -980,7 +980,7 @@ std::string wrapped(std::string_view text, std::string line = "", std::size_t ha
     auto end = text.find(' ', start);
     if (end == std::string_view::npos) end = text.size();
     const std::string_view word = text.substr(start, end - start);
-    if (words_on_line && line.size() + 1 + word.size() > 88) {
+    if (words_on_line && line.size() + 1 + word.size() > width) {
       out += line + "\n";
       line.assign(hang, ' ');
       words_on_line = false;
@@ -994,14 +994,14 @@ std::string wrapped(std::string_view text, std::string line = "", std::size_t ha
 }
 
 // A table's rows, one per name: `indent` spaces, the name in a column `name_width` wide,
-// its help wrapped under itself. No newline after the last.
+// its help wrapped under itself at `width` columns. No newline after the last.
 template <class T>
-std::string table_rows(NameTable<T> table, std::size_t indent, std::size_t name_width) {
+std::string table_rows(NameTable<T> table, std::size_t indent, std::size_t name_width, std::size_t width = 88) {
   std::string rows;
   for (const Named<T>& row : table) {
     std::string name = std::string(indent, ' ') + row.name;
     name.resize(std::max(name.size() + 1, indent + name_width), ' ');
-    rows += wrapped(row.help, std::move(name), indent + name_width);
+    rows += wrapped(row.help, std::move(name), indent + name_width, width);
   }
   rows.pop_back();
   return rows;
@@ -1040,7 +1040,8 @@ std::string filled(std::string text) {
       {"@OVERFLOWS@", name_list(overflow_table(), "|")},
       {"@RNGS@", name_list(rng_kind_table(), "|")},
       {"@TININESS@", name_list(tininess_table(), "|")},
-      {"@UNITS@", table_rows(unit_table(), 2, 14)},
+      // A unit's line stays whole (however long): grep UNIT finds all it says.
+      {"@UNITS@", table_rows(unit_table(), 2, 14, std::string::npos)},
       {"@BLOCK_FORMATS@", table_rows(block_format_table(), 2, 12)},
       {"@SCALE_RULES@", table_rows(scale_rule_table(), 16, 8)},
       {"@B200_BLOCK_FORMATS@", b200_block_formats(true)},
