@@ -17,7 +17,9 @@ constexpr Named<ScaleRule> kRules[] = {
     {ScaleRule::ceil, "ceil", "2^(ceil(log2 amax) - emax)"},
     {ScaleRule::even, "even", "2^(floor(log2 amax') - emax), amax' = amax rounded to the element's precision, ties away (torchao's EVEN)"},
     {ScaleRule::up, "up", "amax / max rounded up into the scale format (NVIDIA, cuDNN)"},
-    {ScaleRule::nearest, "nearest", "amax / max rounded to nearest into the scale format (default for nvfp4)"},
+    {ScaleRule::nearest, "nearest",
+     "amax / max rounded to nearest into the scale format (default for nvfp4, whose UE4M3 scale takes only up "
+     "and nearest)"},
 };
 static_assert(in_enum_order(kRules));
 

@@ -34,7 +34,13 @@ constexpr double kUndefined = std::numeric_limits<double>::quiet_NaN();
 
 enum class Distribution { normal, outliers, laplace, lognormal };
 constexpr const char* kDistributionNames[] = {"normal", "outliers", "laplace", "lognormal"};
-constexpr const char* kScaleRuleNames[] = {"default", "floor", "ceil", "even", "up", "nearest"};
+
+// The spellings of scale_rule: default (the format's own rule), then emu's scale rules.
+std::vector<std::string> scale_rule_spellings() {
+  std::vector<std::string> spellings = {"default"};
+  for (const auto& row : emu::scale_rule_table()) spellings.emplace_back(row.name);
+  return spellings;
+}
 
 // A point's parameters, typed once.
 struct Point {
@@ -172,17 +178,6 @@ RunResult run_block_quant(const Params& params, const RunEnv& env) {
   return r;
 }
 
-std::string check_block_format_name(const ParamValue& v) {
-  const std::string* s = std::get_if<std::string>(&v);
-  if (!s) return "expected a string";
-  try {
-    (void)emu::block_format_by_name(*s);
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
-}
-
 Experiment make_block_quant() {
   Experiment e;
   e.name = "block_quant";
@@ -196,8 +191,9 @@ Experiment make_block_quant() {
       string_param("scale_rule", "default",
                    "how a block's scale follows from its largest magnitude: default (floor for MX, nearest for "
                    "nvfp4), floor (OCP), ceil, even (torchao), up (NVIDIA), nearest; nvfp4 takes up and nearest",
-                   names_of(kScaleRuleNames)),
-      string_param("rounding", "rne", "rounding of the elements: rne rna rz ru rd ro sr (bits from lane 2)", {},
+                   scale_rule_spellings()),
+      string_param("rounding", "rne",
+                   "rounding of the elements: " + emu::name_list(emu::rounding_table()) + " (bits from lane 2)", {},
                    check_rounding_name),
       int_param("sr_bits", 0, "random bits of stochastic rounding: 0 = exact probabilities, k = hardware-style k-bit",
                 0, 64),

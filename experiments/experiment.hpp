@@ -186,8 +186,10 @@ emu::FpControl with_fp_exceptions(emu::FpControl control, const Params& p);
 std::uint32_t stable_hash32(std::string_view text);
 
 // Common validators for parameters that name emu things.
-std::string check_format_name(const ParamValue& v);    // any format emu knows
-std::string check_rounding_name(const ParamValue& v);  // rne rna rz ru rd ro sr
-std::string check_unit_name(const ParamValue& v);      // a matrix unit emu knows
+std::string check_format_name(const ParamValue& v);          // any format emu knows
+std::string check_rounding_name(const ParamValue& v);        // rne rna rz ru rd ro sr
+std::string check_unit_name(const ParamValue& v);            // a matrix unit emu knows
+std::string check_block_format_name(const ParamValue& v);    // a block format (OCP MX, NVFP4: emu/block.hpp)
+std::string check_operand_format_name(const ParamValue& v);  // a format or a block format (emu/unit_request.hpp)
 
 }  // namespace roundoff

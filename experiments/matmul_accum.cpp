@@ -56,7 +56,6 @@
 #include "emu/unit.hpp"
 #include "emu/unit_request.hpp"
 #include "experiment.hpp"
-#include "operand_format.hpp"
 
 namespace roundoff {
 
@@ -81,7 +80,7 @@ struct Point {
 Point point_of(const Params& p) {
   Point t;
   t.request.unit = emu::unit_kind_by_name(p.string("unit"));
-  t.request.in = operand_format_by_name(p.string("in_format"));
+  t.request.in = emu::operand_format_by_name(p.string("in_format"));
   if (const std::string& out = p.string("out_format"); !is_default_format(out)) t.request.out = emu::format_by_name(out);
   t.request.fused = p.boolean("fused");
   t.m = static_cast<std::size_t>(p.integer("M"));
@@ -226,52 +225,51 @@ std::string check_point(const Params& p) {
 }
 
 Experiment make_matmul_accum() {
-  Experiment e{
-    "matmul_accum",
-    "accumulation error of C = A B through a matrix unit against the exact product, over K (same A, B for every unit)",
-    {
-        string_param("unit", "ipu-amp",
-                     "matrix unit: " + emu::name_list(emu::unit_table()) +
-                         " (b200 with a block in_format: the block-scaled MMA)",
-                     {}, check_unit_name),
-        int_param("K", 256, "inner dimension (products per result)", 1, 16777216),
-        int_param("M", 8, "rows of A and C", 1, 4096),
-        int_param("N", 8, "columns of B and C", 1, 4096),
-        string_param("distribution", "uniform01",
-                     "input entries: uniform01 = U[0,1), normal = N(0,1), lognormal = exp(spread * N(0,1))",
-                     {"uniform01", "normal", "lognormal"}),
-        real_param("spread", 1.0, "sigma of the lognormal distribution (other distributions ignore it)", 0, 20),
-        string_param("sign", "positive", "positive: magnitudes only; mixed: each entry gets a random sign",
-                     {"positive", "mixed"}),
-        string_param("in_format", "fp16",
-                     "format the inputs are rounded into (RNE, saturating); a block format (mxfp8-e4m3 ... nvfp4) "
-                     "quantises A's rows and B's columns in blocks along K: unit b200 runs the blocks on its "
-                     "block-scaled MMA (not mxint8; nvfp4's tensor scales as alpha after it), exact, fp32-seq and "
-                     "fp16-seq take the dequantised values, other units refuse it; the error is against the exact "
-                     "product of the dequantised values",
-                     {}, check_operand_format_name),
-        string_param("out_format", "default", "partials/output format; \"\" or default = the unit's natural one",
-                     {}, check_out_format),
-        string_param("rounding", "rne",
-                     "context rounding mode; sr on ipu-amp/ipu-amp-half sets ESR (stochastic fp16 partials); b200 "
-                     "with nvfp4: the rounding of the epilogue's fma (the MMA itself truncates)",
-                     {}, check_rounding_name),
-        bool_param("fused", true,
-                   "fp32-seq/fp16-seq: true = fma per step, false = product rounded then added (other units: true)"),
-    },
-    {
-        {"max_rel_error", "largest |C - exact| / |exact| over the finite elements with exact != 0"},
-        {"mean_rel_error", "mean |C - exact| / |exact| over the finite elements with exact != 0"},
-        {"frac_exact", "fraction of elements equal to the exact product"},
-        {"frac_nonfinite", "fraction of elements that came out inf or NaN (left out of the errors)"},
-        {"bound_det", "deterministic bound K * u (u: unit roundoff of the output format)"},
-        {"bound_prob", "probabilistic bound sqrt(K) * u"},
-    },
-    "mean_rel_error",
-    {},
-    run,
-    check_point,
+  Experiment e;
+  e.name = "matmul_accum";
+  e.description =
+      "accumulation error of C = A B through a matrix unit against the exact product, over K (same A, B for every unit)";
+  e.params = {
+      string_param("unit", "ipu-amp",
+                   "matrix unit: " + emu::name_list(emu::unit_table()) +
+                       " (b200 with a block in_format: the block-scaled MMA)",
+                   {}, check_unit_name),
+      int_param("K", 256, "inner dimension (products per result)", 1, 16777216),
+      int_param("M", 8, "rows of A and C", 1, 4096),
+      int_param("N", 8, "columns of B and C", 1, 4096),
+      string_param("distribution", "uniform01",
+                   "input entries: uniform01 = U[0,1), normal = N(0,1), lognormal = exp(spread * N(0,1))",
+                   {"uniform01", "normal", "lognormal"}),
+      real_param("spread", 1.0, "sigma of the lognormal distribution (other distributions ignore it)", 0, 20),
+      string_param("sign", "positive", "positive: magnitudes only; mixed: each entry gets a random sign",
+                   {"positive", "mixed"}),
+      string_param("in_format", "fp16",
+                   "format the inputs are rounded into (RNE, saturating); a block format (mxfp8-e4m3 ... nvfp4) "
+                   "quantises A's rows and B's columns in blocks along K: unit b200 runs the blocks on its "
+                   "block-scaled MMA (not mxint8; nvfp4's tensor scales as alpha after it), exact, fp32-seq and "
+                   "fp16-seq take the dequantised values, other units refuse it; the error is against the exact "
+                   "product of the dequantised values",
+                   {}, check_operand_format_name),
+      string_param("out_format", "default", "partials/output format; \"\" or default = the unit's natural one",
+                   {}, check_out_format),
+      string_param("rounding", "rne",
+                   "context rounding mode; sr on ipu-amp/ipu-amp-half sets ESR (stochastic fp16 partials); b200 "
+                   "with nvfp4: the rounding of the epilogue's fma (the MMA itself truncates)",
+                   {}, check_rounding_name),
+      bool_param("fused", true,
+                 "fp32-seq/fp16-seq: true = fma per step, false = product rounded then added (other units: true)"),
   };
+  e.metrics = {
+      {"max_rel_error", "largest |C - exact| / |exact| over the finite elements with exact != 0"},
+      {"mean_rel_error", "mean |C - exact| / |exact| over the finite elements with exact != 0"},
+      {"frac_exact", "fraction of elements equal to the exact product"},
+      {"frac_nonfinite", "fraction of elements that came out inf or NaN (left out of the errors)"},
+      {"bound_det", "deterministic bound K * u (u: unit roundoff of the output format)"},
+      {"bound_prob", "probabilistic bound sqrt(K) * u"},
+  };
+  e.headline_metric = "mean_rel_error";
+  e.run = run;
+  e.check_point = check_point;
   for (ParamSpec& s : fp_exception_params()) e.params.push_back(std::move(s));
   e.fp_exceptions_note =
       "scope: gemm (the unit's operations, with the op names and elements the unit reports). The inputs are "

@@ -32,8 +32,8 @@
 #include "emu/arith.hpp"
 #include "emu/exact_sum.hpp"
 #include "emu/format.hpp"
+#include "emu/unit_request.hpp"
 #include "experiment.hpp"
-#include "operand_format.hpp"
 
 namespace roundoff {
 
@@ -216,7 +216,7 @@ double median_of(std::vector<double> v) {
 
 RunResult run_norm_stats(const Params& p, const RunEnv& env) {
   using namespace norm_stats;
-  const OperandFormat input = operand_format_by_name(p.string("format"));
+  const emu::OperandFormat input = emu::operand_format_by_name(p.string("format"));
   const emu::Format accumulation = emu::format_by_name(p.string("accumulation"));
   const Algorithm algorithm = algorithm_by_name(p.string("algorithm"));
   const auto length = static_cast<std::size_t>(p.integer("length"));
@@ -333,8 +333,8 @@ Experiment make_norm_stats() {
                 "at every point",
                 1, static_cast<double>(kMaxVectors)),
       string_param("rounding", "rne",
-                   "rounding of every operation of the statistics (inputs enter with rne): rne rna rz ru rd ro sr; "
-                   "sr takes its bits from the run's stream",
+                   "rounding of every operation of the statistics (inputs enter with rne): " +
+                       emu::name_list(emu::rounding_table()) + "; sr takes its bits from the run's stream",
                    {}, check_rounding_name),
       string_param("overflow", "inf",
                    "what an overflowing result becomes: inf (IEEE) or saturate (to +-max, as the IPU does with "
@@ -361,7 +361,7 @@ Experiment make_norm_stats() {
   e.headline_metric = "var_rel_error";
   e.run = run_norm_stats;
   e.check_point = [](const Params& p) -> std::string {
-    const OperandFormat input = operand_format_by_name(p.string("format"));
+    const emu::OperandFormat input = emu::operand_format_by_name(p.string("format"));
     // Block formats: MX values have at most 8 significand bits, NVFP4's at most
     // 2 + 4 + 24 (element, UE4M3 scale, fp32 tensor scale), within what the exact
     // reference takes (53 - 16); their range (scales up to 2^127) holds any finite mean.

@@ -1,8 +1,10 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "emu/block.hpp"
 #include "emu/format.hpp"
 #include "emu/unit.hpp"
+#include "emu/unit_request.hpp"
 #include "experiment.hpp"
 
 namespace roundoff {
@@ -168,6 +170,12 @@ std::string check_rounding_name(const ParamValue& v) {
 }
 std::string check_unit_name(const ParamValue& v) {
   return check_with(v, [](const std::string& s) { (void)emu::unit_kind_by_name(s); });
+}
+std::string check_block_format_name(const ParamValue& v) {
+  return check_with(v, [](const std::string& s) { (void)emu::block_format_by_name(s); });
+}
+std::string check_operand_format_name(const ParamValue& v) {
+  return check_with(v, [](const std::string& s) { (void)emu::operand_format_by_name(s); });
 }
 
 }  // namespace roundoff

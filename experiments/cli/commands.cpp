@@ -1,11 +1,14 @@
 #include "commands.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <string_view>
+#include <utility>
 
 #include "emu/block.hpp"
 #include "emu/block_mma.hpp"
@@ -54,8 +57,9 @@ emu SUBCOMMAND --help tells more.
 
 )HELP";
 
-// After the format lists (made from emu's own tables).
-const char* const kMainHelpTail = R"HELP(Rounding: rne rna rz ru rd ro sr.
+// After the format lists. Here and below, @NAME@ stands for a list made from emu's own
+// tables (help_text fills them in).
+const char* const kMainHelpTail = R"HELP(Rounding: @ROUNDINGS@.
 Numbers: decimal (read exactly, rounded once), hex-float (0x1.8p-3), inf, nan.
 
 Output, one line per result. --json: one JSON object per line with "value" (a number
@@ -88,15 +92,15 @@ For people, powers of two also show as such: unit_roundoff 0.00048828125 (2^-11)
 )HELP";
 
 const char* const kRoundHelp = R"HELP(usage: emu round [VALUE... | -] --format F [--rounding R] [--seed S] [--sr-bits K]
-                 [--subnormals on|off] [--overflow inf|saturate|nan] [--rng philox|ipu]
-                 [--tininess before|after] [--trap FLAGS] [--json]
+                 [--subnormals on|off] [--overflow @OVERFLOWS@] [--rng @RNGS@]
+                 [--tininess @TININESS@] [--trap FLAGS] [--json]
 
 Rounds each VALUE once into F and prints, per value, the result, its bit pattern and
 the flags that rounding raised (each value's own flags). "-" reads one value per line
 from standard input (blank lines are skipped; errors name the line). Values: decimal
 (exact: 0.1 is the rational 1/10, never first rounded to double), hex-float
 (0x1.8p-3), inf, infinity, nan, with a sign, any case.
-  --rounding   rne (default) rna rz ru rd ro sr
+  --rounding   @ROUNDING_CHOICES@
   --seed       seed S of the random bits for sr (default 0; same seed, same results):
                with --rng philox the Philox4x32-10 stream keyed by S (0..2^64-1); with
                --rng ipu the IPU's $PRNG_SEED = S (0..2^32-1), expanded as the hardware
@@ -133,8 +137,8 @@ integer: bit 0 INV, bit 1 DIV0, bit 2 OFLO), flags (the sticky flags).
 )HELP";
 
 const char* const kEvalHelp = R"HELP(usage: emu eval "EXPR"... --format F [--rounding R] [--seed S] [--sr-bits K]
-                 [--subnormals on|off] [--overflow inf|saturate|nan] [--rng philox|ipu]
-                 [--tininess before|after] [--trap FLAGS] [--json]
+                 [--subnormals on|off] [--overflow @OVERFLOWS@] [--rng @RNGS@]
+                 [--tininess @TININESS@] [--trap FLAGS] [--json]
 
 Evaluates each EXPR in F: + - * / with * and / before + and -, left-associative,
 parentheses, unary minus. Every literal is rounded once into F first, then every
@@ -156,12 +160,13 @@ A syntax error names the column (1-based).
 
 const char* const kDotHelp = R"HELP(usage: emu dot --unit UNIT --a V1,V2,... --b V1,V2,... [--c C] [--in FMT] [--out FMT]
                [--scale-rule R] [--rounding R] [--seed S] [--sr-bits K] [--overflow P]
-               [--rng G] [--tininess before|after] [--json]
+               [--rng G] [--tininess @TININESS@] [--json]
 
 Prints c + sum a_i*b_i as UNIT computes it: value, bits (in the output format), flags
 (raised by the unit's computation). The a_i and b_i are first rounded into the input
 format and c into the output format, with rne; the flags of those conversions are
 reported apart, as "input_flags". --in and --out default to the unit's own formats.
+Units:
 @UNITS@
 --rounding and the other rounding options set the context; units with a fixed
 rounding (tensor cores) ignore it. --tininess (see emu round --help) applies to the
@@ -170,7 +175,7 @@ adder decides its own UFLO before rounding).
 JSON fields: unit, in, out, format (the output format, that of value and bits),
 rounding, value, bits, flags, input_flags.
 
-Block formats (--in mxfp8-e4m3 mxfp8-e5m2 mxfp6-e2m3 mxfp6-e3m2 mxfp4-e2m1 nvfp4) take
+Block formats (--in @B200_BLOCK_FORMATS@) take
 --unit b200: Blackwell's block-scaled MMA, modelled after the PTX ISA and MMA-Sim (no
 measured data; emu/block_mma.hpp). a and b are each quantised into blocks along k as
 emu quantize does (the format's scale rule, or --scale-rule; elements rne, saturating),
@@ -180,31 +185,24 @@ truncated to fp32; fp32 output only. nvfp4's tensor scales (those emu quantize g
 and b) are applied outside the MMA, as cuBLASLt's alpha: the MMA runs from zero, then
 d = alpha * result + c in one fp32 fma under --rounding, alpha = fp32(ts_a * ts_b).
 input_flags are the quantisation's (and alpha's); JSON adds kind (mxf8f6f4 or
-mxf4nvf4) and, for nvfp4, alpha. mxint8 and units other than b200 are refused.
+mxf4nvf4) and, for nvfp4, alpha. @B200_REFUSED_BLOCK_FORMATS@ and units other than b200 are refused.
 )HELP";
 
 const char* const kQuantizeHelp = R"HELP(usage: emu quantize [VALUE... | -] --format BLOCKFORMAT [--scale-rule R] [--rounding R]
-                    [--seed S] [--sr-bits K] [--overflow saturate|nan|inf] [--rng philox|ipu]
-                    [--tininess before|after] [--tensor-scale T] [--json]
+                    [--seed S] [--sr-bits K] [--overflow @OVERFLOWS@] [--rng @RNGS@]
+                    [--tininess @TININESS@] [--tensor-scale T] [--json]
 
 Quantises the VALUEs, in order, into consecutive blocks of a block format (the last
 block may be short, as if padded with zeros) and prints, per value, its dequantised
 value, the element (value and bits), and its block's scale (value and bits) and flags.
 Each VALUE is first rounded to the nearest double (an array holds doubles), then its
 block's scale X is chosen and x / X is rounded once into the element format.
-Block formats: mxfp8-e4m3 mxfp8-e5m2 mxfp6-e2m3 mxfp6-e3m2 mxfp4-e2m1 mxint8 (OCP MX
-v1.0: 32 elements, an E8M0 power-of-two scale) and nvfp4 (NVIDIA: 16 FP4 E2M1 elements,
-a UE4M3 scale, one fp32 scale for all the values).
+Block formats:
+@BLOCK_FORMATS@
   --scale-rule  how X follows from the block's largest magnitude amax (emax: exponent
                 of the element format's largest power of two, max: its largest value):
-                floor   2^(floor(log2 amax) - emax), OCP MX v1.0 6.3 (default for MX)
-                ceil    2^(ceil(log2 amax) - emax)
-                even    2^(floor(log2 amax') - emax), amax' = amax rounded to the
-                        element's precision, ties away (torchao's EVEN)
-                up      amax / max rounded up into the scale format (NVIDIA, cuDNN)
-                nearest amax / max rounded to nearest into the scale format (default
-                        for nvfp4, whose UE4M3 scale takes only up and nearest)
-  --rounding    of the elements: rne (default) rna rz ru rd ro sr; --seed, --sr-bits,
+@SCALE_RULES@
+  --rounding    of the elements: @ROUNDING_CHOICES@; --seed, --sr-bits,
                 --rng as for emu round (sr consumes random bits value by value)
   --overflow    of the elements: saturate (default, as OCP MX), nan, inf (what emu round
                 gives: E5M2 inf, E4M3 NaN; FP6, FP4, INT8 saturate whatever the policy);
@@ -219,7 +217,7 @@ scale_bits, block_flags (the scale's and all its elements'), tensor_scale.
 
 const char* const kGemmHelp = R"HELP(usage: emu gemm --unit UNIT A.txt B.txt [C.txt] [--in FMT] [--out FMT]
                 [--scale-rule R] [--rounding R] [--seed S] [--sr-bits K] [--overflow P]
-                [--rng G] [--tininess before|after] [--json]
+                [--rng G] [--tininess @TININESS@] [--json]
 
 Computes A*B + C through UNIT (see emu dot --help). Matrix files: one row per line,
 numbers separated by white space; blank lines and lines starting with # are skipped.
@@ -972,50 +970,110 @@ int gemm(const std::vector<std::string>& args, Output& out) {
 }
 
 
-// `text` broken into lines of at most 88 columns at spaces.
-std::string wrapped(const std::string& text) {
-  std::string out, line;
+// `text` broken into lines of at most `width` columns at spaces, after `line` (what the
+// first line starts with); the lines after the first start with `hang` spaces.
+std::string wrapped(std::string_view text, std::string line = "", std::size_t hang = 0, std::size_t width = 88) {
+  std::string out;
+  bool words_on_line = false;
   std::size_t start = 0;
   while (start < text.size()) {
     auto end = text.find(' ', start);
-    if (end == std::string::npos) end = text.size();
-    const std::string word = text.substr(start, end - start);
-    if (!line.empty() && line.size() + 1 + word.size() > 88) {
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view word = text.substr(start, end - start);
+    if (words_on_line && line.size() + 1 + word.size() > width) {
       out += line + "\n";
-      line.clear();
+      line.assign(hang, ' ');
+      words_on_line = false;
     }
-    line += (line.empty() ? "" : " ") + word;
+    if (words_on_line) line += ' ';
+    line += word;
+    words_on_line = true;
     start = end + 1;
   }
   return out + line + "\n";
 }
 
+// A table's rows, one per name: `indent` spaces, the name in a column `name_width` wide,
+// its help wrapped under itself at `width` columns. No newline after the last.
+template <class T>
+std::string table_rows(NameTable<T> table, std::size_t indent, std::size_t name_width, std::size_t width = 88) {
+  std::string rows;
+  for (const Named<T>& row : table) {
+    std::string name = std::string(indent, ' ') + row.name;
+    name.resize(std::max(name.size() + 1, indent + name_width), ' ');
+    rows += wrapped(row.help, std::move(name), indent + name_width, width);
+  }
+  rows.pop_back();
+  return rows;
+}
+
+// "a (default) b c": the table's names with the default marked.
+template <class T>
+std::string names_with_default(NameTable<T> table, const T& default_value) {
+  std::string s;
+  for (const Named<T>& row : table)
+    s += (s.empty() ? "" : " ") + std::string(row.name) + (row.value == default_value ? " (default)" : "");
+  return s;
+}
+
+// The block formats that b200's block-scaled MMA takes (as both operands), or those it
+// refuses (block_mma_params says which).
+std::string b200_block_formats(bool taken) {
+  std::string s;
+  for (const Named<const BlockFormat*>& row : block_format_table()) {
+    bool takes = true;
+    try {
+      (void)block_mma_params(UnitKind::b200, *row.value, *row.value);
+    } catch (const std::invalid_argument&) {
+      takes = false;
+    }
+    if (takes == taken) s += (s.empty() ? "" : " ") + std::string(row.name);
+  }
+  return s;
+}
+
+// `text` with every @NAME@ replaced by its list from emu's tables.
+std::string filled(std::string text) {
+  const std::pair<const char*, std::string> lists[] = {
+      {"@ROUNDINGS@", name_list(rounding_table())},
+      {"@ROUNDING_CHOICES@", names_with_default(rounding_table(), FpControl{}.rounding)},
+      {"@OVERFLOWS@", name_list(overflow_table(), "|")},
+      {"@RNGS@", name_list(rng_kind_table(), "|")},
+      {"@TININESS@", name_list(tininess_table(), "|")},
+      // A unit's line stays whole (however long): grep UNIT finds all it says.
+      {"@UNITS@", table_rows(unit_table(), 2, 14, std::string::npos)},
+      {"@BLOCK_FORMATS@", table_rows(block_format_table(), 2, 12)},
+      {"@SCALE_RULES@", table_rows(scale_rule_table(), 16, 8)},
+      {"@B200_BLOCK_FORMATS@", b200_block_formats(true)},
+      {"@B200_REFUSED_BLOCK_FORMATS@", b200_block_formats(false)},
+  };
+  for (const auto& [name, list] : lists)
+    for (auto at = text.find(name); at != std::string::npos; at = text.find(name, at + list.size()))
+      text.replace(at, std::string_view(name).size(), list);
+  return text;
+}
+
 std::string main_help() {
-  std::string blocks;
-  for (const char* const* n = block_format_names(); *n != nullptr; ++n) blocks += std::string(" ") + *n;
   return kMainHelp + wrapped("Formats: " + format_list_text() + ".") +
-         wrapped("Block formats (emu quantize; emu dot and gemm --unit b200 but mxint8):" + blocks + ".") +
-         kMainHelpTail;
+         wrapped("Block formats (emu quantize; emu dot and gemm --unit b200 but " + b200_block_formats(false) +
+                 "): " + name_list(block_format_table()) + ".") +
+         filled(kMainHelpTail);
 }
 
 }  // namespace
 
 const char* help_text(const std::string& command) {
   static const std::string main_text = main_help();
+  static const std::string round_text = filled(kRoundHelp), eval_text = filled(kEvalHelp),
+                           dot_text = filled(kDotHelp), gemm_text = filled(kGemmHelp),
+                           quantize_text = filled(kQuantizeHelp);
   if (command.empty()) return main_text.c_str();
   if (command == "info") return kInfoHelp;
-  if (command == "round") return kRoundHelp;
-  if (command == "eval") return kEvalHelp;
-  static const std::string dot_text = [] {
-    std::string text = kDotHelp;
-    std::string units = "Units:";
-    for (const Named<UnitKind>& row : unit_table())
-      units += "\n  " + std::string(row.name) + std::string(14 - std::string_view(row.name).size(), ' ') + row.help;
-    return text.replace(text.find("@UNITS@"), 7, units);
-  }();
+  if (command == "round") return round_text.c_str();
+  if (command == "eval") return eval_text.c_str();
   if (command == "dot") return dot_text.c_str();
-  if (command == "gemm") return kGemmHelp;
-  if (command == "quantize") return kQuantizeHelp;
+  if (command == "gemm") return gemm_text.c_str();
+  if (command == "quantize") return quantize_text.c_str();
   return nullptr;
 }
 

@@ -106,6 +106,7 @@ TEST_CASE("the calculator's help and configs/README.md name every format, block 
     INFO(row.name);
     CHECK(has_word(main_help, row.name));
     CHECK(has_word(quantize_help, row.name));
+    CHECK_THAT(quantize_help, Catch::Contains(row.help));
     CHECK(has_word(readme, row.name));
   }
   for (const auto& row : emu::unit_table()) {

@@ -1,5 +1,5 @@
 """Optimizers whose weights are stored in a low-precision format: the update rules of the
-`train` experiment (experiments/mlp.hpp, Updater) on ordinary float32 torch parameters.
+`train` experiment (experiments/nn/mlp.hpp, Updater) on ordinary float32 torch parameters.
 
 The arithmetic runs in C++ (roundoff._core.OptimizerKernel), element by element in one
 pass over the float32 tensors' own memory: every operation is emu::Context's, the exact

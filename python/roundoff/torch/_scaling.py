@@ -1,5 +1,5 @@
 """Loss scaling with the semantics of the `train` experiment's loss_scale and ls_*
-parameters (experiments/mlp.cpp, Trainer::step_on)."""
+parameters (experiments/nn/mlp.cpp, Trainer::step_on)."""
 import numbers
 
 import torch
