@@ -147,8 +147,19 @@ class Context {
   Element element_;
   std::uint64_t element_serial_ = 0;  // one per set_element of a known element (from 1)
   std::vector<OpCount> counts_;
-  // Looked up with string_views (std::less<>): counting a known key allocates nothing.
-  std::map<std::tuple<std::string, std::string, Flag>, CountSlot, std::less<>> count_index_;
+  // Looked up with string_views: counting a known key allocates nothing. The keys are
+  // compared as views (std::less<> would compare tuple<string...> with tuple<string_view...>,
+  // which libstdc++ leaves to C++20's synthesised ordering and clang 14 rejects).
+  using CountKey = std::tuple<std::string, std::string, Flag>;
+  using CountKeyView = std::tuple<std::string_view, std::string_view, Flag>;
+  struct CountKeyLess {
+    using is_transparent = void;
+    static CountKeyView view(const CountKey& k) { return {std::get<0>(k), std::get<1>(k), std::get<2>(k)}; }
+    static const CountKeyView& view(const CountKeyView& k) { return k; }
+    template <typename A, typename B>
+    bool operator()(const A& a, const B& b) const { return view(a) < view(b); }
+  };
+  std::map<CountKey, CountSlot, CountKeyLess> count_index_;
   std::uint64_t next_serial_ = 0;
 
   friend class ElementGuard;
