@@ -289,3 +289,20 @@ def test_bad_input_names_the_module_and_option():
         net(torch.ones(1, 2, dtype=torch.float64))
     with pytest.raises(TypeError, match="meta"):
         net(torch.ones(1, 2, device="meta"))
+
+
+def test_transformer_layer_in_eval_mode_runs_its_linears_through_the_unit():
+    # torch's fused encoder-layer kernel (eval mode, no autograd) would skip the Linears'
+    # forward: emulate turns it off, so fp8 activations change the output there too.
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True)
+    reference = copy.deepcopy(layer).eval()
+    model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    expected_model = nn.TransformerEncoder(reference, 2, enable_nested_tensor=False).eval()
+    rt.emulate(model, unit="exact", act_format="fp8-e4m3", keep_float32=(nn.MultiheadAttention,)).eval()
+    x = torch.randn(3, 5, 16)
+    with torch.no_grad():
+        got, expected = model(x), expected_model(x)
+        h = model.layers[1].linear2(torch.ones(3, 5, 32))
+    assert not torch.equal(got, expected)
+    assert torch.equal(h, rt.round(h, "fp8-e4m3")[0])

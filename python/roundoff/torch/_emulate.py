@@ -271,7 +271,7 @@ def emulate(model, unit, *, in_format=None, out_format=None, act_format="fp32", 
         keep_float32 = (keep_float32,)
     emulation = _Emulation(unit, in_format, out_format, act_format, grad_format, rounding, act_rounding,
                            grad_rounding, seed, sr_bits, esr, overflow, tininess, fp_exceptions)
-    kept, chosen = [], []
+    kept, chosen, fused = [], [], []
     for name, module in model.named_modules():
         if any(name == k or name.startswith(k + ".") for k in kept):
             continue
@@ -281,10 +281,19 @@ def emulate(model, unit, *, in_format=None, out_format=None, act_format="fp32", 
         if isinstance(module, _EMULATED):
             _check_module(name, module)
             chosen.append((name, module))
+        elif isinstance(module, nn.TransformerEncoderLayer):
+            fused.append(module)
         elif isinstance(module, _NOT_EMULATED):
             raise TypeError(f"emulate: {name or 'the model'} ({type(module).__name__}) computes GEMMs that "
                             f"roundoff.torch does not emulate (nn.Linear and nn.Conv2d): pass keep_float32="
                             f"(nn.{type(module).__name__},) to leave it in float32")
+    # In eval mode without autograd, torch's TransformerEncoderLayer (and the
+    # TransformerEncoder over it) takes a fused kernel that reads linear1/linear2's weights
+    # without calling their forward, so their GEMMs would silently stay float32. torch 1.13
+    # takes that path only where activation_relu_or_gelu is set; the ordinary path calls
+    # self.activation, which this flag does not change.
+    for module in fused:
+        module.activation_relu_or_gelu = 0
     for name, module in chosen:
         forward = _linear_forward if isinstance(module, nn.Linear) else _conv2d_forward
         module.forward = functools.partial(forward, module, _Layer(emulation, name))
