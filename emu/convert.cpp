@@ -493,14 +493,18 @@ template <class Isa, Rounding Mode, Overflow Policy, bool Subnormals, class Vec 
 //     exponent field is the right result: the next binade, or the min normal from the
 //     largest subnormal).
 //  4. min(rem, d) is non-zero iff the lane is tiny (d > 0) and inexact: UFLO.
-// Returns false (having accumulated nothing) when a lane is inf or NaN or, with Ties, has
-// r == F16 (it may need the tie-break; probability 2^-16 per lane).
+// Returns false (having accumulated nothing) when a lane is inf or NaN or, with Ties, a
+// tiny lane has r == F16 (it may need the tie-break; probability 2^-16 per lane).
 template <class Isa, Overflow Policy, bool Subnormals, bool Ties, class Vec = typename Isa::Vec>
 [[gnu::always_inline]] inline bool fp16_sr_vector(const Vec& x, const Vec& r, VectorFlags<Isa>& flags, Vec& result) {
   const Vec a = Isa::bit_and(x, Isa::splat(0x7FFFFFFF));
   auto rare = Isa::greater(a, Isa::splat(0x7F7FFFFF));
   Vec kept, rem, f16, tiny_rem = Isa::zero();
-  if constexpr (Subnormals) {
+  // Subnormal results only where a lane is tiny: a vector without one takes the single
+  // shift (c = 112, d = 0 below), where 16 random bits always decide (no tie-break).
+  bool subnormal_results = false;
+  if constexpr (Subnormals) subnormal_results = Isa::any(Isa::greater(Isa::splat(Fp16::kMinNormal), a));
+  if (subnormal_results) {
     const Vec exponent = Isa::shift_right(a, 23);
     const Vec c = Isa::min(Isa::max(Isa::sub(exponent, Isa::splat(1)), Isa::zero()), Isa::splat(112));
     const Vec v = Isa::sub(a, Isa::shift_left(c, 23));
@@ -510,13 +514,13 @@ template <class Isa, Overflow Policy, bool Subnormals, bool Ties, class Vec = ty
     rem = Isa::and_not(Isa::shift_left_each(Isa::splat(~0u), s), v);
     f16 = Isa::shift_right_each(Isa::shift_left(rem, 3), d);
     tiny_rem = Isa::min_unsigned(rem, d);
+    if constexpr (Ties) rare = Isa::either(rare, Isa::equal(f16, r));
   } else {
     const Vec v = Isa::sub(a, Isa::splat(Fp16::kRebias));
     kept = Isa::shift_right(v, Fp16::kDrop);
     rem = Isa::bit_and(v, Isa::splat((1u << Fp16::kDrop) - 1));
     f16 = Isa::shift_left(rem, 16 - Fp16::kDrop);
   }
-  if constexpr (Ties) rare = Isa::either(rare, Isa::equal(f16, r));
   if (Isa::any(rare)) return false;
   const Vec enc = Isa::increment_where(Isa::greater(f16, r), kept);
   finish<Isa, Fp16, Policy, Subnormals>(x, a, enc, rem, tiny_rem, flags, result);
