@@ -120,7 +120,8 @@ struct ColumnAdder {
   bool output_subnormals;
 };
 
-// The columns of one panel (kLanes of them) through all blocks of k: add_panel_rows.
+// The column adder (mma_columns.inc) at both vector widths: kPanelRows, the columns of
+// one panel (kLanes of them) through all blocks of k, by [narrow][result step][nearest].
 constexpr std::size_t kLanes = 16;
 using PanelRows = void (*)(const ColumnAdder&, std::size_t, std::size_t, std::size_t, const std::int32_t*,
                            const std::int32_t*, const std::int32_t*, const std::int32_t*, const char*, const double*,
