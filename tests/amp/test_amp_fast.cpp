@@ -348,8 +348,8 @@ TEST_CASE("AMP gemm counting OFLO, DIV0 and INV stays vectorised; results and co
 }
 
 TEST_CASE("AMP gemm counts in element order what the kernel meets out of order", "[amp][fast]") {
-  // Overflows in a few elements of a 6 x 40 product (three tiles of 16 columns, several
-  // chunks of phases): the kernel meets (4, 3) in tile 0 before (0, 33) in tile 2 and
+  // Overflows in a few elements of a 6 x 40 product (two tiles of 32 columns, several
+  // chunks of phases): the kernel meets (4, 3) in tile 0 before (0, 33) in tile 1 and
   // a late phase of (1, 5) after an early phase of (2, 6); the counts must name the
   // row-major first, (0, 33), and count each element once even where a saturating fp16
   // partial overflows again in later phases.
@@ -398,7 +398,7 @@ TEST_CASE("AMP gemm counts in element order what the kernel meets out of order",
 TEST_CASE("AMP gemm: the AVX-512 kernel equals the AVX2 one (values, flags, counts)", "[amp][fast]") {
   // The vectorised path runs eight lanes on AVX-512 where the CPU has it (the default)
   // and four otherwise (detail::select_amp_kernel); the two must not differ in a bit.
-  // Random shapes (partial tiles of 16 columns, short last phases, several chunks and
+  // Random shapes (partial tiles of 32 columns, short last phases, several chunks and
   // passes), every input kind, every configuration the path takes, counting OFLO, DIV0
   // and INV or not.
   if (!detail::select_amp_kernel(1)) {
@@ -436,7 +436,7 @@ TEST_CASE("AMP gemm: the AVX-512 kernel equals the AVX2 one (values, flags, coun
       REQUIRE(amp_gemm_is_vectorised(Context(control), cfg));
       for (Inputs kind : kAllInputs)
         for (int trial = 0; trial < 6; ++trial) {
-          const Problem p = make_problem(rng, 1 + pick(rng, 6), 1 + pick(rng, 40), 1 + pick(rng, 150), kind,
+          const Problem p = make_problem(rng, 1 + pick(rng, 6), 1 + pick(rng, 70), 1 + pick(rng, 150), kind,
                                          half_partials(cfg));
           const Outcome wide = run(1, *unit, control, p), narrow = run(0, *unit, control, p);
           ++problems;
