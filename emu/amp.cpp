@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <climits>
 #include <cmath>
@@ -285,8 +286,9 @@ class AmpRun {
 //
 // For the default configurations (fp16 inputs, exact phases of four products rounded
 // into fp32 with RNE after every phase, fp32 or fp16 partials rounded with RNE, no
-// traps) gemm runs a tile of output channels at once in AVX2 vectors of doubles, and
-// proves each phase exact instead of summing it exactly:
+// traps) gemm runs a tile of output channels at once in vectors of doubles (AVX2, or
+// AVX-512 where the CPU has it: kernel_body), and proves each phase exact instead of
+// summing it exactly:
 //  1. fp16 x fp16 products are exact in double (at most 22 significant bits).
 //  2. If every term of a phase (the running value c and the products) is a multiple of
 //     2^L and their magnitudes add up to M <= 2^(L+53), every partial sum, in any
@@ -340,12 +342,14 @@ using simd::magnitude;
 using simd::fp16_values;
 using simd::to_fp16;
 
-constexpr std::size_t kLanes = 4;
-constexpr std::size_t kVectors = 4;
+// A tile of 32 output channels: the per-phase work on a row (its bounds and broadcasts)
+// is shared by that many lanes (16: about 1.25x slower on AVX-512, 1.1x on AVX2).
+constexpr std::size_t kLanes = 4;  // of the AVX2 code outside the kernel
+constexpr std::size_t kVectors = 8;
 constexpr std::size_t kTile = kLanes * kVectors;  // output channels per tile
 constexpr std::size_t kPhase = 4;                 // products per phase (the kernel's only shape)
 constexpr std::size_t kPanelRows = kPhase + 2;    // a phase's B rows, then sum |b| and 2^(LB+26)
-constexpr std::size_t kChunkPhases = 16;          // phases per chunk: 12 KiB of panel
+constexpr std::size_t kChunkPhases = 16;          // phases per chunk: 24 KiB of panel
 constexpr int kMaxLowestBit = 37;                 // also the bound of an all-zero group
 constexpr double kFloatMax = 0x1.fffffep127;
 
@@ -462,6 +466,225 @@ Context scratch_context(const Context& ctx) {
   if (!ctx.scope().empty()) scratch.push_scope(ctx.scope());
   return scratch;
 }
+
+// ---- The kernel: one body for two instruction sets, over a traits type Isa (Avx2Kernel
+// and Avx512Kernel below: Vec, kLanes doubles; Mask, the lanes' results of a
+// comparison; Single, kLanes floats; the operations). As in emu/convert.cpp, gcc
+// compiles the body for the instruction set of the function it is inlined into, so
+// everything here is always_inline and each Isa's run, defined with its operations, is
+// the function the body is compiled into.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+// Where one row's phases over one tile are read and the failed phase's results written.
+struct KernelPhases {
+  const RowPhase* row;           // the row's phase p
+  const TilePhase* tile_bounds;  // the tile's bounds, indexed by phase
+  const double* panel;           // the tile's panel of phase p
+  double* failed_next;
+  double* failed_fine;
+};
+
+// Whether a phase whose four a values are zeros leaves every lane as it is (step 6).
+template <class Isa, bool kHalfPartials, class Vec = typename Isa::Vec>
+[[gnu::always_inline]] inline bool zero_phase_keeps(const Vec* running) {
+  constexpr std::size_t kVectors = kTile / Isa::kLanes;
+  auto keeps = Isa::all_set();
+  for (std::size_t v = 0; v < kVectors; ++v) {
+    const Vec m = Isa::magnitude(running[v]);
+    keeps = Isa::both(keeps, Isa::both(Isa::greater(m, Isa::zero()), Isa::at_most(m, Isa::set1(kFloatMax))));
+    if constexpr (kHalfPartials) keeps = Isa::both(keeps, Isa::fp16_values(running[v]));
+  }
+  return Isa::all(keeps);
+}
+
+// Phases [p, end) (within one chunk) of one row over one tile, without calls so that
+// the running values stay in registers. Returns `end`, or the first phase where a lane
+// failed a check, with `lanes` as before that phase and the phase's kernel results in
+// failed_next and failed_fine (all-ones lanes: fine). Sets `inexact` where a result
+// that passed the checks was rounded.
+template <class Isa, bool kHalfPartials, bool kTrackInexact, class Vec = typename Isa::Vec>
+[[gnu::always_inline]] inline std::size_t kernel_body(const KernelPhases& phases, std::size_t p, std::size_t end,
+                                                      double* lanes, bool& any_inexact) {
+  using Mask = typename Isa::Mask;
+  constexpr std::size_t kLanes = Isa::kLanes, kVectors = kTile / kLanes;
+  const RowPhase* row = phases.row;  // phases p .. end lie in one chunk: consecutive
+  const double* panel = phases.panel;
+  const Vec zero = Isa::zero();
+  Mask inexact = Isa::none();
+  Vec running[kVectors];
+  for (std::size_t v = 0; v < kVectors; ++v) running[v] = Isa::load(lanes + v * kLanes);
+  for (; p < end; ++p, ++row, panel += kPanelRows * kTile) {
+    const RowPhase& r = *row;
+    if (r.max_abs == 0 && zero_phase_keeps<Isa, kHalfPartials>(running)) continue;  // step 6 above
+    const TilePhase& t = phases.tile_bounds[p];
+    // Conditions (a) to (c) of the comment above, as bounds on |c|.
+    const bool products_fit = r.max_abs * t.max_sum_ratio <= 0.5 * r.bound;
+    const Vec c_max = Isa::set1(0.5 * r.bound * t.min_bound);
+    const Vec c_min = Isa::set1(std::fma(r.max_abs * t.max_sum, 0x1.0000000001p-27, 0x1p-100));
+    const Vec a0 = Isa::set1(r.a[0]), a1 = Isa::set1(r.a[1]), a2 = Isa::set1(r.a[2]), a3 = Isa::set1(r.a[3]);
+    Vec next[kVectors];
+    Mask fine[kVectors];
+    Mask all_fine = Isa::all_set();
+    for (std::size_t v = 0; v < kVectors; ++v) {
+      const double* col = panel + v * kLanes;
+      const Vec c = running[v];
+      Vec products = Isa::mul(a0, Isa::load(col));
+      products = Isa::fmadd(a1, Isa::load(col + kTile), products);
+      products = Isa::fmadd(a2, Isa::load(col + 2 * kTile), products);
+      products = Isa::fmadd(a3, Isa::load(col + 3 * kTile), products);
+      const Vec sum = Isa::add(c, products);
+      const Vec c_magnitude = Isa::magnitude(c);
+      Mask ok = Isa::either(Isa::both(Isa::at_least(c_magnitude, c_min), Isa::at_most(c_magnitude, c_max)),
+                            Isa::equal(c, zero));
+      if (!products_fit) {
+        const Vec products_bound = Isa::mul(Isa::set1(r.max_abs), Isa::load(col + kPhase * kTile));
+        const Vec half_bound = Isa::mul(Isa::set1(0.5 * r.bound), Isa::load(col + (kPhase + 1) * kTile));
+        ok = Isa::both(ok, Isa::at_most(products_bound, half_bound));
+      }
+      const typename Isa::Single single = Isa::to_single(sum);
+      Vec result = Isa::widen(single);
+      if constexpr (kTrackInexact) inexact = Isa::either(inexact, Isa::both(ok, Isa::differ(result, sum)));
+      if constexpr (kHalfPartials) {
+        ok = Isa::both(ok, Isa::normal_or_zero_fp16(single));
+        result = Isa::widen(Isa::to_fp16(single));
+        if constexpr (kTrackInexact) inexact = Isa::either(inexact, Isa::both(ok, Isa::differ(result, sum)));
+      }
+      next[v] = result;
+      fine[v] = ok;
+      all_fine = Isa::both(all_fine, ok);
+    }
+    if (!Isa::all(all_fine)) {
+      for (std::size_t v = 0; v < kVectors; ++v) {
+        Isa::store(phases.failed_next + v * kLanes, next[v]);
+        Isa::store_mask(phases.failed_fine + v * kLanes, fine[v]);
+      }
+      break;
+    }
+    for (std::size_t v = 0; v < kVectors; ++v) running[v] = next[v];
+  }
+  for (std::size_t v = 0; v < kVectors; ++v) Isa::store(lanes + v * kLanes, running[v]);
+  if (kTrackInexact && Isa::any(inexact)) any_inexact = true;
+  return p;
+}
+
+// The kernel's instruction set on four lanes: masks are vectors of all-ones or zero
+// lanes.
+struct Avx2Kernel {
+  using Vec = __m256d;
+  using Mask = __m256d;
+  using Single = __m128;
+  static constexpr std::size_t kLanes = 4;
+
+  static Vec load(const double* p) { return _mm256_loadu_pd(p); }
+  static void store(double* p, Vec v) { _mm256_storeu_pd(p, v); }
+  static void store_mask(double* p, Mask m) { _mm256_storeu_pd(p, m); }
+  static Vec set1(double x) { return _mm256_set1_pd(x); }
+  static Vec zero() { return _mm256_setzero_pd(); }
+  static Vec mul(Vec a, Vec b) { return _mm256_mul_pd(a, b); }
+  static Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_pd(a, b, c); }
+  static Vec add(Vec a, Vec b) { return _mm256_add_pd(a, b); }
+  static Vec magnitude(Vec x) { return simd::magnitude(x); }
+
+  static Mask at_least(Vec a, Vec b) { return _mm256_cmp_pd(a, b, _CMP_GE_OQ); }
+  static Mask at_most(Vec a, Vec b) { return _mm256_cmp_pd(a, b, _CMP_LE_OQ); }
+  static Mask greater(Vec a, Vec b) { return _mm256_cmp_pd(a, b, _CMP_GT_OQ); }
+  static Mask equal(Vec a, Vec b) { return _mm256_cmp_pd(a, b, _CMP_EQ_OQ); }
+  static Mask differ(Vec a, Vec b) { return _mm256_cmp_pd(a, b, _CMP_NEQ_UQ); }
+  static Mask both(Mask a, Mask b) { return _mm256_and_pd(a, b); }
+  static Mask either(Mask a, Mask b) { return _mm256_or_pd(a, b); }
+  static Mask all_set() { return _mm256_castsi256_pd(_mm256_set1_epi64x(-1)); }
+  static Mask none() { return _mm256_setzero_pd(); }
+  static bool all(Mask m) { return simd::every_lane(m); }
+  static bool any(Mask m) { return _mm256_movemask_pd(m) != 0; }
+
+  // The hardware's roundings to fp32 (MXCSR: round to nearest, checked) and fp16 (RNE in
+  // the instruction), and back (exact).
+  static Single to_single(Vec x) { return _mm256_cvtpd_ps(x); }
+  static Vec widen(Single x) { return _mm256_cvtps_pd(x); }
+  static Single to_fp16(Single x) { return simd::to_fp16(x); }
+  static Mask normal_or_zero_fp16(Single x) {
+    return _mm256_castsi256_pd(_mm256_cvtepi32_epi64(_mm_castps_si128(normal_or_zero(x, 0x1p-14f, 65504.0f))));
+  }
+  static Mask fp16_values(Vec x) { return simd::fp16_values(x); }
+
+  template <bool kHalfPartials, bool kTrackInexact>
+  static std::size_t run(const KernelPhases& phases, std::size_t p, std::size_t end, double* lanes, bool& inexact) {
+    return kernel_body<Avx2Kernel, kHalfPartials, kTrackInexact>(phases, p, end, lanes, inexact);
+  }
+};
+
+// ---- AVX-512 (F, DQ, VL), compiled for it here (the build asks only for AVX2) and
+// chosen at run time: eight lanes, comparisons into mask registers. gcc's AVX-512
+// headers trip -W(maybe-)uninitialized under a target pragma: silenced here only.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512vl")
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+struct Avx512Kernel {
+  using Vec = __m512d;
+  using Mask = __mmask8;
+  using Single = __m256;
+  static constexpr std::size_t kLanes = 8;
+
+  static Vec load(const double* p) { return _mm512_loadu_pd(p); }
+  static void store(double* p, Vec v) { _mm512_storeu_pd(p, v); }
+  static void store_mask(double* p, Mask m) { _mm512_storeu_pd(p, _mm512_castsi512_pd(_mm512_movm_epi64(m))); }
+  static Vec set1(double x) { return _mm512_set1_pd(x); }
+  static Vec zero() { return _mm512_setzero_pd(); }
+  static Vec mul(Vec a, Vec b) { return _mm512_mul_pd(a, b); }
+  static Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_pd(a, b, c); }
+  static Vec add(Vec a, Vec b) { return _mm512_add_pd(a, b); }
+  static Vec magnitude(Vec x) { return _mm512_abs_pd(x); }
+
+  static Mask at_least(Vec a, Vec b) { return _mm512_cmp_pd_mask(a, b, _CMP_GE_OQ); }
+  static Mask at_most(Vec a, Vec b) { return _mm512_cmp_pd_mask(a, b, _CMP_LE_OQ); }
+  static Mask greater(Vec a, Vec b) { return _mm512_cmp_pd_mask(a, b, _CMP_GT_OQ); }
+  static Mask equal(Vec a, Vec b) { return _mm512_cmp_pd_mask(a, b, _CMP_EQ_OQ); }
+  static Mask differ(Vec a, Vec b) { return _mm512_cmp_pd_mask(a, b, _CMP_NEQ_UQ); }
+  static Mask both(Mask a, Mask b) { return static_cast<Mask>(a & b); }
+  static Mask either(Mask a, Mask b) { return static_cast<Mask>(a | b); }
+  static Mask all_set() { return 0xFF; }
+  static Mask none() { return 0; }
+  static bool all(Mask m) { return m == 0xFF; }
+  static bool any(Mask m) { return m != 0; }
+
+  static Single to_single(Vec x) { return _mm512_cvtpd_ps(x); }
+  static Vec widen(Single x) { return _mm512_cvtps_pd(x); }
+  static Single to_fp16(Single x) { return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT)); }
+  // Zero, or normal and finite in fp16 (normal_or_zero on eight lanes).
+  static Mask normal_or_zero_fp16(Single x) {
+    const __m256 m = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+    const Mask in_range = static_cast<Mask>(_mm256_cmp_ps_mask(m, _mm256_set1_ps(0x1p-14f), _CMP_GE_OQ) &
+                                            _mm256_cmp_ps_mask(m, _mm256_set1_ps(65504.0f), _CMP_LE_OQ));
+    return static_cast<Mask>(in_range | _mm256_cmp_ps_mask(x, _mm256_setzero_ps(), _CMP_EQ_OQ));
+  }
+  // Finite fp16 values (simd::fp16_values on eight lanes).
+  static Mask fp16_values(Vec x) {
+    const Vec back = widen(to_fp16(to_single(x)));
+    return static_cast<Mask>(equal(back, x) & at_most(magnitude(x), set1(65504.0)));
+  }
+
+  template <bool kHalfPartials, bool kTrackInexact>
+  static std::size_t run(const KernelPhases& phases, std::size_t p, std::size_t end, double* lanes, bool& inexact) {
+    return kernel_body<Avx512Kernel, kHalfPartials, kTrackInexact>(phases, p, end, lanes, inexact);
+  }
+};
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#pragma GCC diagnostic pop  // -Wpsabi
+
+// The kernel detail::select_amp_kernel chose: -1 for the fastest.
+std::atomic<int> selected_kernel{-1};
+
+bool cpu_has_avx512_kernel() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512vl");
+  return has;
+}
+
+bool use_avx512_kernel() { return selected_kernel.load(std::memory_order_relaxed) != 0 && cpu_has_avx512_kernel(); }
 
 class Gemm {
  public:
@@ -624,88 +847,18 @@ class Gemm {
     return result;
   }
 
-  // Whether a phase whose four a values are zeros leaves every lane as it is (step 6).
-  template <bool kHalfPartials>
-  static bool zero_phase_keeps(const __m256d* running) {
-    __m256d keeps = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
-    for (std::size_t v = 0; v < kVectors; ++v) {
-      const __m256d m = magnitude(running[v]);
-      keeps = _mm256_and_pd(keeps, _mm256_and_pd(_mm256_cmp_pd(m, _mm256_setzero_pd(), _CMP_GT_OQ),
-                                                 _mm256_cmp_pd(m, _mm256_set1_pd(kFloatMax), _CMP_LE_OQ)));
-      if constexpr (kHalfPartials) keeps = _mm256_and_pd(keeps, fp16_values(running[v]));
-    }
-    return every_lane(keeps);
-  }
-
-  // Phases [p, end) (within one chunk) of row i over one tile, without calls so that
-  // the running values stay in registers. Returns `end`, or the first phase where a
-  // lane failed a check, with `lanes` as before that phase and the phase's kernel
-  // results in failed_next_ and failed_fine_.
+  // Phases [p, end) (within one chunk) of row i over one tile through kernel_body, on
+  // AVX-512 where the CPU has it. Returns `end`, or the first phase where a lane failed
+  // a check, with `lanes` as before that phase and the phase's kernel results in
+  // failed_next_ and failed_fine_.
   template <bool kHalfPartials, bool kTrackInexact>
   std::size_t kernel(std::size_t tile, std::size_t i, std::size_t p, std::size_t end, double* lanes) {
-    const RowPhase* row = &row_phase(i, p);  // phases p .. end lie in one chunk: consecutive
-    const TilePhase* tile_bounds = tile_bounds_.data() + tile * phases_;
-    const double* panel = panels_.data() + (tile * phases_ + p) * kPanelRows * kTile;
-    const __m256d zero = _mm256_setzero_pd();
-    __m256d inexact = zero;
-    __m256d running[kVectors];
-    for (std::size_t v = 0; v < kVectors; ++v) running[v] = _mm256_load_pd(lanes + v * kLanes);
-    for (; p < end; ++p, ++row, panel += kPanelRows * kTile) {
-      const RowPhase& r = *row;
-      if (r.max_abs == 0 && zero_phase_keeps<kHalfPartials>(running)) continue;  // step 6 above
-      const TilePhase& t = tile_bounds[p];
-      // Conditions (a) to (c) of the comment above, as bounds on |c|.
-      const bool products_fit = r.max_abs * t.max_sum_ratio <= 0.5 * r.bound;
-      const __m256d c_max = _mm256_set1_pd(0.5 * r.bound * t.min_bound);
-      const __m256d c_min = _mm256_set1_pd(std::fma(r.max_abs * t.max_sum, 0x1.0000000001p-27, 0x1p-100));
-      const __m256d a0 = _mm256_set1_pd(r.a[0]), a1 = _mm256_set1_pd(r.a[1]), a2 = _mm256_set1_pd(r.a[2]),
-                    a3 = _mm256_set1_pd(r.a[3]);
-      __m256d next[kVectors], fine[kVectors];
-      __m256d all_fine = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
-      for (std::size_t v = 0; v < kVectors; ++v) {
-        const double* col = panel + v * kLanes;
-        const __m256d c = running[v];
-        __m256d products = _mm256_mul_pd(a0, _mm256_loadu_pd(col));
-        products = _mm256_fmadd_pd(a1, _mm256_loadu_pd(col + kTile), products);
-        products = _mm256_fmadd_pd(a2, _mm256_loadu_pd(col + 2 * kTile), products);
-        products = _mm256_fmadd_pd(a3, _mm256_loadu_pd(col + 3 * kTile), products);
-        const __m256d sum = _mm256_add_pd(c, products);
-        const __m256d c_magnitude = magnitude(c);
-        __m256d ok = _mm256_or_pd(_mm256_and_pd(_mm256_cmp_pd(c_magnitude, c_min, _CMP_GE_OQ),
-                                                _mm256_cmp_pd(c_magnitude, c_max, _CMP_LE_OQ)),
-                                  _mm256_cmp_pd(c, zero, _CMP_EQ_OQ));
-        if (!products_fit) {
-          const __m256d products_bound = _mm256_mul_pd(_mm256_set1_pd(r.max_abs), _mm256_loadu_pd(col + kPhase * kTile));
-          const __m256d half_bound =
-              _mm256_mul_pd(_mm256_set1_pd(0.5 * r.bound), _mm256_loadu_pd(col + (kPhase + 1) * kTile));
-          ok = _mm256_and_pd(ok, _mm256_cmp_pd(products_bound, half_bound, _CMP_LE_OQ));
-        }
-        const __m128 single = _mm256_cvtpd_ps(sum);
-        __m256d result = _mm256_cvtps_pd(single);
-        if constexpr (kTrackInexact) inexact = _mm256_or_pd(inexact, _mm256_and_pd(ok, _mm256_cmp_pd(result, sum, _CMP_NEQ_UQ)));
-        if constexpr (kHalfPartials) {
-          const __m128 half = to_fp16(single);
-          const __m128 half_ok = normal_or_zero(single, 0x1p-14f, 65504.0f);
-          ok = _mm256_and_pd(ok, _mm256_castsi256_pd(_mm256_cvtepi32_epi64(_mm_castps_si128(half_ok))));
-          result = _mm256_cvtps_pd(half);
-          if constexpr (kTrackInexact)
-            inexact = _mm256_or_pd(inexact, _mm256_and_pd(ok, _mm256_cmp_pd(result, sum, _CMP_NEQ_UQ)));
-        }
-        next[v] = result;
-        fine[v] = ok;
-        all_fine = _mm256_and_pd(all_fine, ok);
-      }
-      if (!every_lane(all_fine)) {
-        for (std::size_t v = 0; v < kVectors; ++v) {
-          _mm256_store_pd(failed_next_ + v * kLanes, next[v]);
-          _mm256_store_pd(failed_fine_ + v * kLanes, fine[v]);
-        }
-        break;
-      }
-      for (std::size_t v = 0; v < kVectors; ++v) running[v] = next[v];
-    }
-    for (std::size_t v = 0; v < kVectors; ++v) _mm256_store_pd(lanes + v * kLanes, running[v]);
-    if (kTrackInexact && _mm256_movemask_pd(inexact) != 0) inexact_ = true;
+    const KernelPhases phases{&row_phase(i, p), tile_bounds_.data() + tile * phases_,
+                              panels_.data() + (tile * phases_ + p) * kPanelRows * kTile, failed_next_, failed_fine_};
+    bool inexact = false;
+    p = use_avx512_kernel() ? Avx512Kernel::run<kHalfPartials, kTrackInexact>(phases, p, end, lanes, inexact)
+                            : Avx2Kernel::run<kHalfPartials, kTrackInexact>(phases, p, end, lanes, inexact);
+    if (inexact) inexact_ = true;
     return p;
   }
 
@@ -789,7 +942,14 @@ bool gemm(Context& ctx, const AmpConfig& cfg, std::size_t m, std::size_t n, std:
   if (m == 0 || n == 0 || k == 0 || !applies(ctx, cfg)) return false;
   return Gemm(ctx, cfg, m, n, k, std::move(names)).run(A, lda, B, ldb, C, ldc);
 }
+bool select_kernel(int implementation) {
+  if (implementation != 0 && implementation != 1) return false;
+  if (implementation == 1 && !cpu_has_avx512_kernel()) return false;
+  selected_kernel.store(implementation, std::memory_order_relaxed);
+  return true;
+}
 #else
+bool select_kernel(int) { return false; }
 bool applies(const Context&, const AmpConfig&) { return false; }
 bool gemm(Context&, const AmpConfig&, std::size_t, std::size_t, std::size_t, const double*, std::size_t,
           const double*, std::size_t, double*, std::size_t, ElementNames = {}) {
@@ -891,6 +1051,10 @@ double amp_dot(Context& ctx, const AmpConfig& cfg, std::size_t k, const double* 
 }
 
 bool amp_gemm_is_vectorised(const Context& ctx, const AmpConfig& cfg) { return fast::applies(ctx, cfg); }
+
+namespace detail {
+bool select_amp_kernel(int implementation) { return fast::select_kernel(implementation); }
+}  // namespace detail
 
 std::size_t Conv2dShape::out_height() const {
   const std::size_t padded = height + 2 * pad_h;

@@ -128,6 +128,14 @@ std::unique_ptr<MatrixUnit> make_amp_unit(const AmpConfig& cfg);
 // elements they name are those of the exact path.
 bool amp_gemm_is_vectorised(const Context& ctx, const AmpConfig& cfg);
 
+namespace detail {
+// For tests, which compare them: the vectorised path's kernel for the gemm calls that
+// follow, in the whole process: implementation 0 (AVX2, four lanes) or 1 (AVX-512,
+// eight lanes: the default where the CPU has it). false, changing nothing, where this
+// build or CPU lacks it.
+bool select_amp_kernel(int implementation);
+}  // namespace detail
+
 // ---- 2-D convolution through the AMP (Poplar's convolution with partialsType) -------
 //
 // Layouts (row-major, the last index fastest): input N x C x H x W (NCHW), weights

@@ -383,7 +383,7 @@ inline void prefetch(const void* p) { __builtin_prefetch(p, 0); }
 inline void prefetch_for_write(const void* p) { __builtin_prefetch(p, 1); }
 
 #ifdef EMU_CONVERT_AVX2
-// ---- The vector kernels of bf16 (rne and sr) and fp16 sr: one body for every
+// ---- The vector kernels of bf16 and fp16 (rne and sr): one body for every
 // instruction set, over a traits type Isa (Avx2 and Avx512 below: the vector and mask
 // types, kLanes lanes of 32 bits, and the operations). Branch-free over the finite lane
 // classes (normal, subnormal, zero, overflowing results) by masks and selects; a vector
@@ -493,14 +493,18 @@ template <class Isa, Rounding Mode, Overflow Policy, bool Subnormals, class Vec 
 //     exponent field is the right result: the next binade, or the min normal from the
 //     largest subnormal).
 //  4. min(rem, d) is non-zero iff the lane is tiny (d > 0) and inexact: UFLO.
-// Returns false (having accumulated nothing) when a lane is inf or NaN or, with Ties, has
-// r == F16 (it may need the tie-break; probability 2^-16 per lane).
+// Returns false (having accumulated nothing) when a lane is inf or NaN or, with Ties, a
+// tiny lane has r == F16 (it may need the tie-break; probability 2^-16 per lane).
 template <class Isa, Overflow Policy, bool Subnormals, bool Ties, class Vec = typename Isa::Vec>
 [[gnu::always_inline]] inline bool fp16_sr_vector(const Vec& x, const Vec& r, VectorFlags<Isa>& flags, Vec& result) {
   const Vec a = Isa::bit_and(x, Isa::splat(0x7FFFFFFF));
   auto rare = Isa::greater(a, Isa::splat(0x7F7FFFFF));
   Vec kept, rem, f16, tiny_rem = Isa::zero();
-  if constexpr (Subnormals) {
+  // Subnormal results only where a lane is tiny: a vector without one takes the single
+  // shift (c = 112, d = 0 below), where 16 random bits always decide (no tie-break).
+  bool subnormal_results = false;
+  if constexpr (Subnormals) subnormal_results = Isa::any(Isa::greater(Isa::splat(Fp16::kMinNormal), a));
+  if (subnormal_results) {
     const Vec exponent = Isa::shift_right(a, 23);
     const Vec c = Isa::min(Isa::max(Isa::sub(exponent, Isa::splat(1)), Isa::zero()), Isa::splat(112));
     const Vec v = Isa::sub(a, Isa::shift_left(c, 23));
@@ -510,15 +514,35 @@ template <class Isa, Overflow Policy, bool Subnormals, bool Ties, class Vec = ty
     rem = Isa::and_not(Isa::shift_left_each(Isa::splat(~0u), s), v);
     f16 = Isa::shift_right_each(Isa::shift_left(rem, 3), d);
     tiny_rem = Isa::min_unsigned(rem, d);
+    if constexpr (Ties) rare = Isa::either(rare, Isa::equal(f16, r));
   } else {
     const Vec v = Isa::sub(a, Isa::splat(Fp16::kRebias));
     kept = Isa::shift_right(v, Fp16::kDrop);
     rem = Isa::bit_and(v, Isa::splat((1u << Fp16::kDrop) - 1));
     f16 = Isa::shift_left(rem, 16 - Fp16::kDrop);
   }
-  if constexpr (Ties) rare = Isa::either(rare, Isa::equal(f16, r));
   if (Isa::any(rare)) return false;
   const Vec enc = Isa::increment_where(Isa::greater(f16, r), kept);
+  finish<Isa, Fp16, Policy, Subnormals>(x, a, enc, rem, tiny_rem, flags, result);
+  return true;
+}
+
+// fp16 rne by the hardware conversion (Isa::fp16_rne), exact IEEE round-to-nearest-even
+// with subnormals and overflow to infinity: enc is its magnitude (the inf pattern, above
+// max, where x overflows: finish applies the policy and raises OFLO), and x differs from
+// the widened result exactly where it was inexact, so their XOR stands for rem. Returns
+// false (having accumulated nothing) when a lane is inf or NaN (NaN canonicalisation is
+// the portable kernel's).
+template <class Isa, Overflow Policy, bool Subnormals, class Vec = typename Isa::Vec>
+[[gnu::always_inline]] inline bool fp16_rne_vector(const Vec& x, VectorFlags<Isa>& flags, Vec& result) {
+  const Vec a = Isa::bit_and(x, Isa::splat(0x7FFFFFFF));
+  if (Isa::any(Isa::greater(a, Isa::splat(0x7F7FFFFF)))) return false;
+  Vec patterns, widened;
+  Isa::fp16_rne(x, patterns, widened);
+  const Vec enc = Isa::bit_and(patterns, Isa::splat(0x7FFF));
+  const Vec rem = Isa::bit_xor(widened, x);
+  Vec tiny_rem = Isa::zero();
+  if constexpr (Subnormals) tiny_rem = Isa::keep_where(Isa::greater(Isa::splat(Fp16::kMinNormal), a), rem);
   finish<Isa, Fp16, Policy, Subnormals>(x, a, enc, rem, tiny_rem, flags, result);
   return true;
 }
@@ -555,9 +579,10 @@ template <class Isa, class Out, class T, Rounding Mode, Overflow Policy, bool Su
   bool vectorised;
   if constexpr (std::is_same_v<T, Bf16>) {
     vectorised = bf16_vector<Isa, Mode, Policy, Subnormals>(x, r, flags, p);
-  } else {
-    static_assert(Mode == Rounding::sr, "fp16 rne takes run_fp16_rne_f16c");
+  } else if constexpr (Mode == Rounding::sr) {
     vectorised = fp16_sr_vector<Isa, Policy, Subnormals, Ties>(x, r, flags, p);
+  } else {
+    vectorised = fp16_rne_vector<Isa, Policy, Subnormals>(x, flags, p);
   }
   if (vectorised) [[likely]]
     store_patterns<Isa, Out, T>(out + j, p);
@@ -686,6 +711,13 @@ struct Avx512 {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(v));
   }
   static void store_fp16_as_floats(float* p, Vec v) { _mm512_storeu_ps(p, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v))); }
+  // The fp16 patterns of the float32 lanes x by the hardware's rne (MXCSR default: no
+  // DAZ), zero-extended, and their float32 values.
+  static void fp16_rne(Vec x, Vec& patterns, Vec& widened) {
+    const __m256i half = _mm512_cvtps_ph(_mm512_castsi512_ps(x), _MM_FROUND_TO_NEAREST_INT);
+    patterns = _mm512_cvtepu16_epi32(half);
+    widened = _mm512_castps_si512(_mm512_cvtph_ps(half));
+  }
 
   static Vec bit_and(Vec a, Vec b) { return _mm512_and_si512(a, b); }
   static Vec bit_or(Vec a, Vec b) { return _mm512_or_si512(a, b); }
@@ -783,86 +815,8 @@ Flags run_scalar(const HalfRounding& how, const float* in, Out* out, std::size_t
 }
 
 #ifdef EMU_CONVERT_AVX2
-// ---- The AVX2 and F16C kernels, eight elements per vector: fp16 rne by the hardware
-// conversion; the others by the vector kernels above, on AVX2 or (run_vector) on
-// AVX-512F.
-
-// fp16 rne with the hardware conversion, which is exact IEEE round-to-nearest-even with
-// subnormals and infinities (imm8 rounding, MXCSR default: no DAZ). Integer masks add
-// what it lacks: emu's flags (INEXACT when the widened result differs from x, OFLO when
-// a finite x gives inf, UFLO when tiny before rounding and inexact), NaN canonicalisation,
-// the saturate and nan overflow policies, and the flush of subnormals off; the last three
-// are blends done only for vectors that have such a lane. The last n % 8 elements take
-// the portable kernel.
-template <class Out, Overflow Policy, bool Subnormals>
-Flags run_fp16_rne_f16c(const float* in, Out* out, std::size_t n) {
-  const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF);
-  const __m256i max_finite = _mm256_set1_epi32(0x7F7FFFFF);
-  const __m256i f32_inf = _mm256_set1_epi32(static_cast<int>(kF32Inf));
-  const __m256i min_normal = _mm256_set1_epi32(static_cast<int>(Fp16::kMinNormal));
-  __m256i any_inexact = _mm256_setzero_si256(), any_uflo = any_inexact, any_oflo = any_inexact;
-  std::size_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    const __m256 x = _mm256_loadu_ps(in + j);
-    __m128i half = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
-    const __m256i x_bits = _mm256_castps_si256(x);
-    const __m256i widened = _mm256_castps_si256(_mm256_cvtph_ps(half));
-    const __m256i x_abs = _mm256_and_si256(x_bits, abs_mask);
-    const __m256i special = _mm256_cmpgt_epi32(x_abs, max_finite);  // inf or NaN
-    const __m256i nan = _mm256_cmpgt_epi32(x_abs, f32_inf);
-    const __m256i tiny = _mm256_cmpgt_epi32(min_normal, x_abs);
-    // Lanes are all ones or zero; ~special & differs = inexact finite.
-    const __m256i inexact = _mm256_andnot_si256(
-        _mm256_or_si256(special, _mm256_cmpeq_epi32(widened, x_bits)), _mm256_set1_epi32(-1));
-    const __m256i overflow =
-        _mm256_andnot_si256(special, _mm256_cmpeq_epi32(_mm256_and_si256(widened, abs_mask), f32_inf));
-    any_oflo = _mm256_or_si256(any_oflo, overflow);
-    __m256i fix = nan;
-    if constexpr (Subnormals) {
-      any_inexact = _mm256_or_si256(any_inexact, inexact);
-      any_uflo = _mm256_or_si256(any_uflo, _mm256_and_si256(tiny, inexact));
-    } else {
-      // Tiny non-zero x flush to signed zero with UFLO and INEXACT; exact or not.
-      const __m256i flushed = _mm256_andnot_si256(_mm256_cmpeq_epi32(x_abs, _mm256_setzero_si256()), tiny);
-      any_inexact = _mm256_or_si256(any_inexact, _mm256_or_si256(_mm256_andnot_si256(tiny, inexact), flushed));
-      any_uflo = _mm256_or_si256(any_uflo, flushed);
-      fix = _mm256_or_si256(fix, tiny);
-    }
-    if constexpr (Policy != Overflow::inf) fix = _mm256_or_si256(fix, overflow);
-    if (!_mm256_testz_si256(fix, fix)) {
-      // Rare: work on 32-bit lanes of the patterns, then pack back to 16 bits.
-      __m256i p = _mm256_cvtepu16_epi32(half);
-      const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(x_bits, 16), _mm256_set1_epi32(Fp16::kSign));
-      p = _mm256_blendv_epi8(p, _mm256_or_si256(sign, _mm256_set1_epi32(Fp16::kNaN)), nan);
-      if constexpr (!Subnormals) p = _mm256_blendv_epi8(p, sign, tiny);
-      if constexpr (Policy == Overflow::saturate)
-        p = _mm256_blendv_epi8(p, _mm256_or_si256(sign, _mm256_set1_epi32(Fp16::kMax)), overflow);
-      else if constexpr (Policy == Overflow::nan)
-        p = _mm256_blendv_epi8(p, _mm256_set1_epi32(Fp16::kNaN), overflow);  // positive, as emu::round
-      half = _mm_packus_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-    }
-    if constexpr (std::is_same_v<Out, float>)
-      _mm256_storeu_ps(out + j, _mm256_cvtph_ps(half));
-    else
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), half);
-  }
-  std::uint32_t flags = 0;
-  if (!_mm256_testz_si256(any_inexact, any_inexact)) flags |= kInexact;
-  if (!_mm256_testz_si256(any_uflo, any_uflo)) flags |= kUflo;
-  if (!_mm256_testz_si256(any_oflo, any_oflo)) flags |= kOflo | kInexact | (Policy == Overflow::nan ? kInv : 0u);
-  const Controls c{0, 0};
-  for (; j < n; ++j) {
-    std::uint32_t raised = 0;
-    const std::uint32_t p =
-        round_element<Fp16, Rounding::rne, Policy, Subnormals>(std::bit_cast<std::uint32_t>(in[j]), 0u, c, raised);
-    flags |= raised;
-    if constexpr (std::is_same_v<Out, float>)
-      out[j] = std::bit_cast<float>(to_float_bits<Fp16>(p));
-    else
-      out[j] = static_cast<std::uint16_t>(p);
-  }
-  return static_cast<Flags>(flags);
-}
+// ---- The AVX2 and F16C kernels, eight elements per vector: the vector kernels above,
+// on AVX2 or (run_vector) on AVX-512F.
 
 // The vector kernels' instruction set (see round_tile_body) on eight lanes; masks are
 // vectors of all-ones or zero lanes.
@@ -885,6 +839,11 @@ struct Avx2 {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), low_halves(v));
   }
   static void store_fp16_as_floats(float* p, Vec v) { _mm256_storeu_ps(p, _mm256_cvtph_ps(low_halves(v))); }
+  static void fp16_rne(Vec x, Vec& patterns, Vec& widened) {
+    const __m128i half = _mm256_cvtps_ph(_mm256_castsi256_ps(x), _MM_FROUND_TO_NEAREST_INT);
+    patterns = _mm256_cvtepu16_epi32(half);
+    widened = _mm256_castps_si256(_mm256_cvtph_ps(half));
+  }
 
   static Vec bit_and(Vec a, Vec b) { return _mm256_and_si256(a, b); }
   static Vec bit_or(Vec a, Vec b) { return _mm256_or_si256(a, b); }
@@ -964,8 +923,7 @@ Flags run_vector(const HalfRounding& how, const float* in, Out* out, std::size_t
 #endif  // EMU_CONVERT_AVX2
 
 // Which kernels: the portable one (and Philox), the AVX2 and F16C ones (and Philox), or
-// those with AVX-512F for Philox and the rounding of bf16 and of fp16 sr (fp16 rne keeps
-// the F16C conversion).
+// those with AVX-512F for Philox and the rounding.
 enum class Kernels { portable, avx2, avx512 };
 
 bool available(Kernels kernels) {
@@ -985,20 +943,16 @@ Flags run(Kernels kernels, const HalfRounding& how, const float* in, Out* out, s
           std::uint64_t first_index) {
 #ifdef EMU_CONVERT_AVX2
   if (kernels != Kernels::portable) {
-    if constexpr (std::is_same_v<T, Fp16> && Mode == Rounding::rne) {
-      return run_fp16_rne_f16c<Out, Policy, Subnormals>(in, out, n);
-    } else {
-      auto with = [&](auto isa) {
-        using Isa = decltype(isa);
-        // Ties need the tie-break only for fp16 with subnormal results and sr_bits 0 or > 16.
-        if constexpr (std::is_same_v<T, Fp16> && Mode == Rounding::sr && Subnormals) {
-          if (controls_for(how).tie_mask != 0)
-            return run_vector<Isa, Out, T, Mode, Policy, Subnormals, true>(how, in, out, n, first_index);
-        }
-        return run_vector<Isa, Out, T, Mode, Policy, Subnormals, false>(how, in, out, n, first_index);
-      };
-      return kernels == Kernels::avx512 ? with(Avx512{}) : with(Avx2{});
-    }
+    auto with = [&](auto isa) {
+      using Isa = decltype(isa);
+      // Ties need the tie-break only for fp16 with subnormal results and sr_bits 0 or > 16.
+      if constexpr (std::is_same_v<T, Fp16> && Mode == Rounding::sr && Subnormals) {
+        if (controls_for(how).tie_mask != 0)
+          return run_vector<Isa, Out, T, Mode, Policy, Subnormals, true>(how, in, out, n, first_index);
+      }
+      return run_vector<Isa, Out, T, Mode, Policy, Subnormals, false>(how, in, out, n, first_index);
+    };
+    return kernels == Kernels::avx512 ? with(Avx512{}) : with(Avx2{});
   }
 #endif
   return run_scalar<Out, T, Mode, Policy, Subnormals>(how, in, out, n, first_index);

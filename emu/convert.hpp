@@ -7,14 +7,14 @@
 // (format, mode, policy, subnormals) is made once per call. In builds with AVX2 and
 // F16C the elements go through branch-free vector code, eight lanes at a time whatever
 // mix of normal, subnormal, zero and overflowing results they hold: fp16 rne with the
-// hardware conversion (exact) for the values and integer masks for the flags, NaN
-// canonicalisation, overflow policies and the flush of subnormals off; bf16 (rne and sr)
-// and fp16 sr with integer code on the float32 bit patterns (per-lane shifts for fp16's
-// subnormal results), where a group of eight with an inf or NaN input (or with an
-// element whose first 16 random bits may not decide, see below) takes the portable
-// kernel. On CPUs with AVX-512F (chosen at run time) the random words and the bf16 (rne
-// and sr) and fp16 sr kernels use it, sixteen lanes at a time. Other builds take the portable element-wise kernel throughout. All
-// give the same results (detail::round_to_bits_with; the tests compare them).
+// hardware conversion (exact) for the values and integer masks for the flags, overflow
+// policies and the flush of subnormals off; bf16 (rne and sr) and fp16 sr with integer
+// code on the float32 bit patterns (per-lane shifts for fp16's subnormal results), where
+// a group of eight with an inf or NaN input (or with an element whose first 16 random
+// bits may not decide, see below) takes the portable kernel. On CPUs with AVX-512F
+// (chosen at run time) the random words and every kernel use it, sixteen lanes at a
+// time. Other builds take the portable element-wise kernel throughout. All give the same
+// results (detail::round_to_bits_with; the tests compare them).
 #pragma once
 
 #include <cstddef>
@@ -99,7 +99,7 @@ namespace detail {
 // and round_to_float take the fastest): round_to_bits / round_to_float through the
 // kernels of implementation 0 (portable, element by element: builds without AVX2 and
 // F16C), 1 (AVX2 and F16C: CPUs without AVX-512F) or 2 (1 with AVX-512F for the random
-// words, bf16 and fp16 sr, chosen at run time where the CPU has it); all give the same
+// words and the rounding, chosen at run time where the CPU has it); all give the same
 // results. nullopt where this build or CPU lacks the implementation.
 std::optional<Flags> round_to_bits_with(int implementation, const HalfRounding& how, std::span<const float> in,
                                         std::span<std::uint16_t> out, std::uint64_t first_index = 0);

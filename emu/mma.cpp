@@ -1,6 +1,7 @@
 #include "mma.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -104,116 +105,11 @@ const DeviceRow& device_row(UnitKind device) {
   x.lsb = q;
 }
 
-// The integer adder of gemm_columns: one block for kLanes output columns at once. Per
-// column it computes what block() computes, on integers: a_sig * b_sig (a_sig already
-// shifted left by product_shift_) is a product in units of 2^(E - kept) before the
-// alignment shift. The columns are GCC/Clang vector types of 32 bytes (one AVX2
-// register; wider generic vectors compile poorly), so that every operation is one SIMD
-// instruction or a few, with no branch per column. Products are summed in int32; the
-// normalisation and rounding run in int32 lanes where the sum stays below 2^30
-// (Narrow), else in int64 lanes (Wide).
-constexpr std::size_t kVector = 8, kGroups = 2, kLanes = kGroups * kVector;
-using I32 = std::int32_t __attribute__((vector_size(32)));
-using U32 = std::uint32_t __attribute__((vector_size(32)));
-using F32 = float __attribute__((vector_size(32)));
-using I32Half = std::int32_t __attribute__((vector_size(16)));
-using I64 = std::int64_t __attribute__((vector_size(32)));
-using U64 = std::uint64_t __attribute__((vector_size(32)));
-using F64 = double __attribute__((vector_size(32)));
-
-template <class V>
-[[gnu::always_inline]] inline V load(const void* p) {
-  V v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-template <class V>
-[[gnu::always_inline]] inline V vmax(V a, V b) {
-  return a > b ? a : b;
-}
-template <class V>
-[[gnu::always_inline]] inline V vmin(V a, V b) {
-  return a < b ? a : b;
-}
-
-struct Narrow {
-  using S = I32;
-  using U = U32;
-  static constexpr std::size_t kWidth = 8;
-  static constexpr int kMaxShift = 31;  // drops every bit of a magnitude below 2^30
-  // floor(log2(m)) for m < 2^31 from the exponent of m as a float: clearing each bit
-  // below a set bit keeps the leading one and stops the conversion rounding up to the
-  // next power of two. -127 for m = 0.
-  static S floor_log2(U m) {
-    const F32 f = __builtin_convertvector(S(m & ~(m >> 1)), F32);
-    return S(U(f) >> 23) - 127;
-  }
-  // Lanes [part * kWidth, ...) of a group's int32 vector.
-  static S part(I32 v, std::size_t) { return v; }
-  static I32 join(const S* parts) { return parts[0]; }
-};
-
-struct Wide {
-  using S = I64;
-  using U = U64;
-  static constexpr std::size_t kWidth = 4;
-  static constexpr int kMaxShift = 63;  // drops every bit of a magnitude below 2^62
-  // floor(log2(m)) for m < 2^52 from the exponent of m as a double (exact); -1023 for
-  // m = 0.
-  static S floor_log2(U m) {
-    constexpr std::uint64_t kTwo52Bits = 0x4330000000000000;  // 2^52: m | this is 2^52 + m
-    const F64 d = F64(m | kTwo52Bits) - 0x1p52;
-    return S(U(d) >> 52) - 1023;
-  }
-  static S part(I32 v, std::size_t part) {
-    const I32Half half =
-        part == 0 ? __builtin_shufflevector(v, v, 0, 1, 2, 3) : __builtin_shufflevector(v, v, 4, 5, 6, 7);
-    return __builtin_convertvector(half, I64);
-  }
-  static I32 join(const S* parts) {
-    return __builtin_shufflevector(__builtin_convertvector(parts[0], I32Half),
-                                   __builtin_convertvector(parts[1], I32Half), 0, 1, 2, 3, 4, 5, 6, 7);
-  }
-};
-
-// Shift counts of the lane width or more are undefined; kMaxShift drops every bit.
-template <class W>
-[[gnu::always_inline]] inline typename W::U shift_count(typename W::S s) {
-  using S = typename W::S;
-  return typename W::U(vmin(vmax(s, S{} + 0), S{} + W::kMaxShift));
-}
-
 constexpr std::int32_t kInexact = INEXACT, kUnderflow = UFLO;
 
 struct RoundingStep {
   std::int32_t fraction_bits, emin;
 };
-
-// round_fixed per lane: mag * 2^lsb (sign apart; its exponent, floor_log2(mag) + lsb,
-// given) rounded, rne or rz, to the step's fraction bits with exponents floored at its
-// emin; INEXACT and UFLO into flags. The rne and rz rows of emu::round_up's table
-// (round.hpp), without a branch per lane: rne goes up when the remainder is above half,
-// or at half with kept odd.
-template <class W, bool kNearest>
-[[gnu::always_inline]] inline void round_lanes(typename W::U& mag, typename W::S& lsb, typename W::S exponent,
-                                               const RoundingStep& step, typename W::S& flags) {
-  using S = typename W::S;
-  using U = typename W::U;
-  const S q = vmax(exponent, S{} + step.emin) - step.fraction_bits;
-  const U shift = shift_count<W>(q - lsb);
-  const U kept = mag >> shift;
-  const U twice_remainder = (mag - (kept << shift)) << 1;
-  const S inexact = S(twice_remainder != 0);  // -1 or 0
-  flags |= inexact & (exponent < step.emin ? S{} + (kInexact | kUnderflow) : S{} + kInexact);
-  mag = kept;
-  if constexpr (kNearest) {
-    // 1 when the remainder is at least half a unit; up when above half, or at half with
-    // kept odd.
-    const U half_or_more = twice_remainder >> shift;
-    mag += half_or_more & (U(twice_remainder != half_or_more << shift) | kept);
-  }
-  lsb = vmax(q, lsb);
-}
 
 struct ColumnAdder {
   std::int32_t kept_fraction_bits;
@@ -224,129 +120,54 @@ struct ColumnAdder {
   bool output_subnormals;
 };
 
-// The accumulators of kLanes columns in parts of W::kWidth: (neg ? -1 : 1) * mag * 2^lsb,
-// exp its binary32 exponent (kZeroExponent for zero); slow (-1) marks a column the
-// reference adder must redo (overflow or flushing, which go through the context).
-template <class W>
-struct Lanes {
-  static constexpr std::size_t kParts = kLanes / W::kWidth;
-  typename W::U mag[kParts];
-  typename W::S lsb[kParts], neg[kParts], flags[kParts], slow[kParts];
-  I32 exp[kGroups];
-};
+// The column adder (mma_columns.inc) at both vector widths: kPanelRows, the columns of
+// one panel (kLanes of them) through all blocks of k, by [narrow][result step][nearest].
+constexpr std::size_t kLanes = 16;
+using PanelRows = void (*)(const ColumnAdder&, std::size_t, std::size_t, std::size_t, const std::int32_t*,
+                           const std::int32_t*, const std::int32_t*, const std::int32_t*, const char*, const double*,
+                           std::size_t, std::size_t, const char*, double*, std::size_t, char*, Flags*);
 
-// c <- block(a, b, c) for every column: n products, a's shared by the columns, b's as
-// [product][column].
-template <class W, bool kResultStep, bool kNearest>
-void add_block(const ColumnAdder& adder, std::size_t n, const std::int32_t* a_sig, const std::int32_t* a_exp,
-               const std::int32_t* b_sig, const std::int32_t* b_exp, Lanes<W>& lanes) {
-  using S = typename W::S;
-  using U = typename W::U;
-  I32 align[kGroups];
-  for (std::size_t g = 0; g < kGroups; ++g) align[g] = lanes.exp[g];
-  for (std::size_t t = 0; t < n; ++t)
-    for (std::size_t g = 0; g < kGroups; ++g)
-      align[g] = vmax(align[g], a_exp[t] + load<I32>(b_exp + t * kLanes + g * kVector));
-  // (block() returns +0 for a block without a non-zero term before this clamp; here its
-  // terms are all zero, which gives +0 too.)
-  for (std::size_t g = 0; g < kGroups; ++g) align[g] = vmax(align[g], I32{} + adder.min_alignment_exponent);
-  // Truncate each product, sign-magnitude, to the quantum: a right shift by E - e (31
-  // drops every bit: products are below 2^31).
-  I32 sum[kGroups] = {}, lost[kGroups] = {};
-  for (std::size_t t = 0; t < n; ++t)
-    for (std::size_t g = 0; g < kGroups; ++g) {
-      const std::size_t at = t * kLanes + g * kVector;
-      const U32 shift = U32(vmin(align[g] - (a_exp[t] + load<I32>(b_exp + at)), I32{} + 31));
-      const I32 product = a_sig[t] * load<I32>(b_sig + at);
-      const I32 negative = product >> 31;
-      const U32 magnitude = U32((product ^ negative) - negative);
-      const U32 term = magnitude >> shift;
-      lost[g] |= I32(magnitude - (term << shift));
-      sum[g] += (I32(term) ^ negative) - negative;
-    }
-  constexpr std::size_t kPartsPerGroup = kVector / W::kWidth;
-  for (std::size_t g = 0; g < kGroups; ++g) {
-    S exp[kPartsPerGroup];
-    for (std::size_t part = 0; part < kPartsPerGroup; ++part) {
-      const std::size_t h = g * kPartsPerGroup + part;
-      const S lsb = W::part(align[g], part) - adder.kept_fraction_bits;
-      // c's term, truncated in the same way (c < 2^(E+1), so it stays below 2^(kept+1)).
-      const S c_shift = lanes.lsb[h] - lsb;
-      const U c_left = lanes.mag[h] << shift_count<W>(c_shift);
-      const U c_right = shift_count<W>(-c_shift);
-      const U c_term = c_left >> c_right;
-      const S total = W::part(sum[g], part) + ((S(c_term) ^ lanes.neg[h]) - lanes.neg[h]);
-      const S negative = S(total < 0);
-      U magnitude = U((total ^ negative) - negative);
-      const S truncated = S(W::part(lost[g], part) != 0) | S(c_left != c_term << c_right);
-      S flags = truncated & kInexact;
-      const S exact_exponent = W::floor_log2(magnitude) + lsb;
-      S q = lsb;
-      if constexpr (kResultStep) {
-        round_lanes<W, false>(magnitude, q, exact_exponent, adder.result_step, flags);
-        round_lanes<W, kNearest>(magnitude, q, W::floor_log2(magnitude) + q, adder.output_step, flags);
-      } else {
-        round_lanes<W, kNearest>(magnitude, q, exact_exponent, adder.output_step, flags);
-      }
-      const S exponent = W::floor_log2(magnitude) + q;  // garbage for 0, never used then
-      const S nonzero = S(magnitude != 0);
-      const S overflow = nonzero & S(exponent > adder.output_emax);
-      const S flushed = adder.output_subnormals ? S{} : S(total != 0) & S(exact_exponent < adder.output_emin);
-      lanes.slow[h] |= overflow | flushed;
-      lanes.flags[h] |= flags;
-      lanes.mag[h] = magnitude;
-      lanes.lsb[h] = q;
-      lanes.neg[h] = negative;
-      exp[part] = nonzero ? vmax(exponent, S{} - 126) : S{} + kZeroExponent;
-    }
-    lanes.exp[g] = W::join(exp);
-  }
+namespace columns_avx2 {
+#define EMU_COLUMN_BYTES 32
+#include "mma_columns.inc"
+#undef EMU_COLUMN_BYTES
+}  // namespace columns_avx2
+
+#if EMU_SIMD
+// The AVX-512 copy, compiled for that instruction set here (the build asks only for
+// AVX2). gcc's AVX-512 headers trip -W(maybe-)uninitialized under a target pragma, and it
+// warns where 64-byte vectors would cross functions compiled without AVX-512 (none do:
+// all of them are in this section): silenced for this section only.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512vl,avx512bw")
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+namespace columns_avx512 {
+#define EMU_COLUMN_BYTES 64
+#include "mma_columns.inc"
+#undef EMU_COLUMN_BYTES
+}  // namespace columns_avx512
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+
+bool cpu_has_avx512() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+  return has;
 }
+#endif
 
-// The columns of one panel (kLanes columns) through all blocks of k, for rows 0..m-1.
-template <class W, bool kResultStep, bool kNearest>
-void add_panel_rows(const ColumnAdder& adder, std::size_t m, std::size_t k, std::size_t block_size,
-                    const std::int32_t* a_sig, const std::int32_t* a_exp, const std::int32_t* panel_sig,
-                    const std::int32_t* panel_exp, const char* row_special, const double* C, std::size_t ldc,
-                    std::size_t used, const char* col_special, double* result, std::size_t result_stride,
-                    char* slow, Flags* element_flags) {
-  for (std::size_t i = 0; i < m; ++i) {
-    if (row_special[i]) {
-      std::fill_n(slow + i * result_stride, used, 1);
-      continue;
-    }
-    Lanes<W> lanes{};
-    for (I32& exp : lanes.exp) exp = I32{} + kZeroExponent;
-    for (std::size_t w = 0; w < used; ++w) {
-      const std::size_t h = w / W::kWidth, lane = w % W::kWidth;
-      const double c = C[i * ldc + w];
-      if (col_special[w] || !std::isfinite(c) || static_cast<double>(static_cast<float>(c)) != c) {
-        lanes.slow[h][lane] = -1;
-      } else if (c != 0) {
-        const int exp = std::max(std::ilogb(c), -126);  // c's binary32 exponent
-        lanes.lsb[h][lane] = exp - 23;
-        lanes.mag[h][lane] = static_cast<std::uint32_t>(std::fabs(c) * pow2(23 - exp));
-        lanes.neg[h][lane] = c < 0 ? -1 : 0;
-        lanes.exp[w / kVector][w % kVector] = exp;
-      }
-    }
-    for (std::size_t t = 0; t < k; t += block_size)
-      add_block<W, kResultStep, kNearest>(adder, std::min(block_size, k - t), a_sig + i * k + t, a_exp + i * k + t,
-                                          panel_sig + t * kLanes, panel_exp + t * kLanes, lanes);
-    for (std::size_t w = 0; w < used; ++w) {
-      const std::size_t h = w / W::kWidth, lane = w % W::kWidth;
-      const std::size_t at = i * result_stride + w;
-      if (lanes.slow[h][lane] != 0) {
-        slow[at] = 1;
-        continue;
-      }
-      element_flags[at] = static_cast<Flags>(lanes.flags[h][lane]);
-      const auto magnitude = static_cast<std::uint64_t>(lanes.mag[h][lane]);
-      const double value =
-          magnitude == 0 ? 0.0 : static_cast<double>(magnitude) * pow2(static_cast<int>(lanes.lsb[h][lane]));
-      result[at] = lanes.neg[h][lane] != 0 ? -value : value;
-    }
-  }
+// The width detail::select_panel_adder chose: -1 for the fastest.
+std::atomic<int> selected_panel_adder{-1};
+
+const PanelRows* panel_adder() {
+#if EMU_SIMD
+  if (selected_panel_adder.load(std::memory_order_relaxed) != 0 && cpu_has_avx512())
+    return columns_avx512::kPanelRows;
+#endif
+  return columns_avx2::kPanelRows;
 }
 
 // A term t (in units of the quantum, exact in double) cut to an integer as
@@ -883,16 +704,7 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
   const bool narrow = static_cast<std::int64_t>(block_size) * 4 * kept_unit + 2 * kept_unit <= (std::int64_t{1} << 30);
   const bool nearest = params_.final_rounding == Rounding::rne;  // rne or rz (product_shift_ >= 0)
   const unsigned variant = (narrow ? 4u : 0u) | (adder.result_step_applies ? 2u : 0u) | (nearest ? 1u : 0u);
-  using PanelRows = void (*)(const ColumnAdder&, std::size_t, std::size_t, std::size_t, const std::int32_t*,
-                             const std::int32_t*, const std::int32_t*, const std::int32_t*, const char*,
-                             const double*, std::size_t, std::size_t, const char*, double*, std::size_t, char*,
-                             Flags*);
-  constexpr PanelRows kVariants[] = {
-      add_panel_rows<Wide, false, false>,   add_panel_rows<Wide, false, true>,
-      add_panel_rows<Wide, true, false>,    add_panel_rows<Wide, true, true>,
-      add_panel_rows<Narrow, false, false>, add_panel_rows<Narrow, false, true>,
-      add_panel_rows<Narrow, true, false>,  add_panel_rows<Narrow, true, true>,
-  };
+  const PanelRows* const kVariants = panel_adder();
   for (std::size_t panel = 0; panel < panels; ++panel) {
     const std::size_t j0 = panel * kLanes;
     kVariants[variant](adder, m, k, block_size, a_sig.data(), a_exp.data(), b_sig.data() + panel * k * kLanes,
@@ -952,5 +764,20 @@ std::unique_ptr<MatrixUnit> make_tensor_core_unit(UnitKind preset, std::optional
   BlockFmaParams params = tensor_core_params(preset, input, output);
   return std::make_unique<TensorCoreUnit>(preset, std::move(input), std::move(output), params);
 }
+
+namespace detail {
+
+bool select_panel_adder(int implementation) {
+  if (implementation != 0 && implementation != 1) return false;
+#if EMU_SIMD
+  if (implementation == 1 && !cpu_has_avx512()) return false;
+#else
+  if (implementation == 1) return false;
+#endif
+  selected_panel_adder.store(implementation, std::memory_order_relaxed);
+  return true;
+}
+
+}  // namespace detail
 
 }  // namespace emu

@@ -208,4 +208,12 @@ class TensorCoreUnit final : public MatrixUnit {
 std::unique_ptr<MatrixUnit> make_tensor_core_unit(UnitKind preset, std::optional<Format> in,
                                                   std::optional<Format> out);
 
+namespace detail {
+// For tests, which compare them: the vector width of the tensor-core models' column
+// adder for the gemm calls that follow, in the whole process: implementation 0 (32-byte
+// vectors: AVX2) or 1 (64-byte vectors compiled for AVX-512, the default where the CPU
+// has it). false, changing nothing, where this build or CPU lacks it.
+bool select_panel_adder(int implementation);
+}  // namespace detail
+
 }  // namespace emu

@@ -9,6 +9,8 @@
 #include <cfenv>
 #include <cmath>
 #include <cstdint>
+#include <ios>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <sstream>
@@ -346,8 +348,8 @@ TEST_CASE("AMP gemm counting OFLO, DIV0 and INV stays vectorised; results and co
 }
 
 TEST_CASE("AMP gemm counts in element order what the kernel meets out of order", "[amp][fast]") {
-  // Overflows in a few elements of a 6 x 40 product (three tiles of 16 columns, several
-  // chunks of phases): the kernel meets (4, 3) in tile 0 before (0, 33) in tile 2 and
+  // Overflows in a few elements of a 6 x 40 product (two tiles of 32 columns, several
+  // chunks of phases): the kernel meets (4, 3) in tile 0 before (0, 33) in tile 1 and
   // a late phase of (1, 5) after an early phase of (2, 6); the counts must name the
   // row-major first, (0, 33), and count each element once even where a saturating fp16
   // partial overflows again in later phases.
@@ -391,4 +393,67 @@ TEST_CASE("AMP gemm counts in element order what the kernel meets out of order",
       CHECK(ctx.counts()[0].count == 4);
     }
   }
+}
+
+TEST_CASE("AMP gemm: the AVX-512 kernel equals the AVX2 one (values, flags, counts)", "[amp][fast]") {
+  // The vectorised path runs eight lanes on AVX-512 where the CPU has it (the default)
+  // and four otherwise (detail::select_amp_kernel); the two must not differ in a bit.
+  // Random shapes (partial tiles of 32 columns, short last phases, several chunks and
+  // passes), every input kind, every configuration the path takes, counting OFLO, DIV0
+  // and INV or not.
+  if (!detail::select_amp_kernel(1)) {
+    WARN("no AVX-512 here (or a build without the vectorised path): only one kernel runs");
+    return;
+  }
+  struct Restore {
+    ~Restore() { detail::select_amp_kernel(1); }
+  } restore;
+  AmpConfig two_phase_passes = amp_config(PartialsType::float32);
+  two_phase_passes.phases_per_pass = 2;
+  FpControl count, saturate;
+  count.counted = OFLO | DIV0 | INV;
+  saturate.overflow = Overflow::saturate;
+  struct Outcome {
+    std::vector<double> C;
+    Flags status;
+    std::vector<OpCount> counts;
+  };
+  auto run = [](int kernel, const MatrixUnit& unit, const FpControl& control, const Problem& p) {
+    REQUIRE(detail::select_amp_kernel(kernel));
+    Context ctx(control);
+    Outcome o{p.C, 0, {}};
+    unit.gemm(ctx, p.m, p.n, p.k, p.A.data(), p.lda(), p.B.data(), p.ldb(), o.C.data(), p.ldc());
+    o.status = ctx.status();
+    o.counts = ctx.counts();
+    return o;
+  };
+  Rng rng(StreamId{4096});
+  std::size_t problems = 0;
+  for (const AmpConfig& cfg : {amp_config(PartialsType::float32), amp_config(PartialsType::half),
+                               amp_config(PartialsType::float32, fp16(), fp16()), two_phase_passes}) {
+    const auto unit = make_amp_unit(cfg);
+    for (const FpControl& control : {FpControl{}, count, saturate}) {
+      REQUIRE(amp_gemm_is_vectorised(Context(control), cfg));
+      for (Inputs kind : kAllInputs)
+        for (int trial = 0; trial < 6; ++trial) {
+          const Problem p = make_problem(rng, 1 + pick(rng, 6), 1 + pick(rng, 70), 1 + pick(rng, 150), kind,
+                                         half_partials(cfg));
+          const Outcome wide = run(1, *unit, control, p), narrow = run(0, *unit, control, p);
+          ++problems;
+          std::size_t mismatches = 0, first = 0;
+          for (std::size_t e = 0; e < p.C.size(); ++e)
+            if (bits(wide.C[e]) != bits(narrow.C[e]) && mismatches++ == 0) first = e;
+          INFO(inputs_name(kind) << ", partials " << cfg.partials.name() << ", output " << cfg.output.name()
+                                 << ", phases per pass " << cfg.phases_per_pass << ", counted "
+                                 << int{control.counted} << ", overflow " << overflow_name(control.overflow) << ", "
+                                 << p.m << "x" << p.n << "x" << p.k);
+          if (mismatches != 0)
+            FAIL_CHECK(mismatches << " of " << p.C.size() << " elements differ, the first at index " << first
+                                  << ": AVX-512 " << std::hexfloat << wide.C[first] << ", AVX2 " << narrow.C[first]);
+          CHECK(int{wide.status} == int{narrow.status});
+          fp_counts::check_same_counts(wide.counts, narrow.counts);
+        }
+    }
+  }
+  CHECK(problems == 4 * 3 * std::size(kAllInputs) * 6);
 }

@@ -8,6 +8,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <ios>
 #include <limits>
 #include <optional>
 #include <random>
@@ -389,4 +390,69 @@ TEST_CASE("tensor-core gemm: an overflowing element is counted and reported as [
   CHECK(ctx.counts()[0].first_element.to_string() == "[2, 17]");
   CHECK(ctx.counts()[0].first_element.flat == 2 * 20 + 17);
   CHECK(std::isinf(ctx.counts()[0].first_result));
+}
+
+TEST_CASE("tensor-core gemm: the AVX-512 column adder equals the AVX2 one (values, flags, counts, traps)",
+          "[mma][gemm]") {
+  // The column adder runs on 64-byte vectors where the CPU has AVX-512 (the default) and
+  // on 32-byte ones otherwise (detail::select_panel_adder); the two must not differ in a
+  // bit. Random shapes (partial panels of 16 columns, k across block boundaries), every
+  // preset and format pair, every scenario, plain, counting everything and trapping.
+  if (!emu::detail::select_panel_adder(1)) {
+    WARN("no AVX-512 on this CPU: only the AVX2 column adder runs here");
+    return;
+  }
+  struct Restore {
+    ~Restore() { emu::detail::select_panel_adder(1); }
+  } restore;
+  emu::FpControl plain, count_all, trap_oflo_inv, trap_uflo;
+  count_all.counted = emu::OFLO | emu::DIV0 | emu::INV | emu::UFLO | emu::INEXACT;
+  trap_oflo_inv.traps = emu::OFLO | emu::INV;
+  trap_uflo.traps = emu::UFLO;
+  struct Outcome {
+    std::vector<double> C;
+    emu::Flags status = 0;
+    std::vector<emu::OpCount> counts;
+    std::optional<emu::TrapReport> trap;
+  };
+  auto run = [](int adder, const emu::MatrixUnit& unit, const emu::FpControl& control, const Problem& p) {
+    REQUIRE(emu::detail::select_panel_adder(adder));
+    Outcome o{p.C, 0, {}, std::nullopt};
+    emu::Context ctx(control);
+    try {
+      unit.gemm(ctx, p.m, p.n, p.k, p.A.data(), p.k, p.B.data(), p.n, o.C.data(), p.n);
+    } catch (const emu::FpException& e) {
+      o.trap = e.report();
+    }
+    o.status = ctx.status();
+    o.counts = ctx.counts();
+    return o;
+  };
+  std::mt19937_64 gen(512);
+  std::uniform_int_distribution<std::size_t> rows(1, 7), cols(1, 53), depth(1, 90);
+  std::size_t problems = 0;
+  for (const Combination& combo : combinations()) {
+    const auto unit = emu::make_unit(combo.preset, emu::format_by_name(combo.in), emu::format_by_name(combo.out));
+    for (Scenario s : kScenarios)
+      for (const emu::FpControl& control : {plain, count_all, trap_oflo_inv, trap_uflo}) {
+        const Problem p = make_problem(gen, rows(gen), cols(gen), depth(gen), unit->input_format(),
+                                       unit->output_format(), s);
+        const Outcome wide = run(1, *unit, control, p), narrow = run(0, *unit, control, p);
+        ++problems;
+        std::size_t mismatches = 0, first = 0;
+        for (std::size_t e = 0; e < p.C.size(); ++e)
+          if (bits(wide.C[e]) != bits(narrow.C[e]) && mismatches++ == 0) first = e;
+        INFO(emu::unit_kind_name(combo.preset) << " " << combo.in << " -> " << combo.out << ", " << scenario_name(s)
+                                               << ", " << p.m << "x" << p.n << "x" << p.k << ", counted "
+                                               << int{control.counted} << ", traps " << int{control.traps});
+        if (mismatches != 0)
+          FAIL_CHECK(mismatches << " of " << p.C.size() << " elements differ, the first at index " << first
+                                << ": AVX-512 " << std::hexfloat << wide.C[first] << ", AVX2 " << narrow.C[first]);
+        CHECK(int{wide.status} == int{narrow.status});
+        fp_counts::check_same_counts(wide.counts, narrow.counts);
+        REQUIRE(wide.trap.has_value() == narrow.trap.has_value());
+        if (wide.trap) fp_counts::check_same_report(*wide.trap, *narrow.trap);
+      }
+  }
+  CHECK(problems >= 20 * 6 * 4);
 }
