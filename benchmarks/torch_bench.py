@@ -17,7 +17,6 @@ update rules timed)
 """
 import argparse
 import sys
-import time
 
 import numpy as np
 
@@ -33,15 +32,7 @@ import roundoff
 import roundoff.torch as rt
 from roundoff import _core
 
-
-def best_time(work, repeats):
-    work()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.thread_time()
-        work()
-        best = min(best, time.thread_time() - start)
-    return best
+from python_bench import best_time  # beside this script: the same timing as the other benchmarks
 
 
 def fp16(t):

@@ -188,16 +188,7 @@ emu::Flag flag_named(const std::string& name, const std::string& what) {
 
 RunResult read_result(WireReader& r) {
   RunResult result;
-  for (auto n = r.number<std::uint64_t>(); n > 0; --n) {
-    std::string name = r.text();
-    result.metrics[std::move(name)] = r.number<double>();
-  }
-  for (auto n = r.number<std::uint64_t>(); n > 0; --n) {
-    std::string name = r.text();
-    Trace trace;
-    trace.x = r.doubles(), trace.y = r.doubles();
-    result.traces[std::move(name)] = std::move(trace);
-  }
+  read_metrics_and_traces(r, result);
   for (auto n = r.number<std::uint64_t>(); n > 0; --n) {
     emu::OpCount c;
     c.scope = r.text(), c.op = r.text(), c.flag = flag_named(r.text(), "fp_counts"), c.count = r.number<std::uint64_t>();

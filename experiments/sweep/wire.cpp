@@ -37,6 +37,27 @@ std::vector<WorkItem> decode_items(std::string_view bytes) {
   return items;
 }
 
+void write_metrics_and_traces(WireWriter& w, const RunResult& result) {
+  w.number<std::uint64_t>(result.metrics.size());
+  for (const auto& [name, value] : result.metrics) w.text(name), w.number(value);
+  w.number<std::uint64_t>(result.traces.size());
+  for (const auto& [name, trace] : result.traces) w.text(name), w.doubles(trace.x), w.doubles(trace.y);
+}
+
+void read_metrics_and_traces(WireReader& r, RunResult& result) {
+  for (auto n = r.number<std::uint64_t>(); n > 0; --n) {
+    std::string name = r.text();
+    result.metrics[std::move(name)] = r.number<double>();
+  }
+  for (auto n = r.number<std::uint64_t>(); n > 0; --n) {
+    std::string name = r.text();
+    Trace trace;
+    trace.x = r.doubles();
+    trace.y = r.doubles();
+    result.traces[std::move(name)] = std::move(trace);
+  }
+}
+
 std::string encode_outcome(const ItemOutcome& outcome) {
   WireWriter w;
   w.number(outcome.item.point), w.number(outcome.item.replica);
@@ -44,10 +65,7 @@ std::string encode_outcome(const ItemOutcome& outcome) {
   w.text(outcome.message);
   w.text(outcome.traceback);
   const RunResult& result = outcome.result;
-  w.number<std::uint64_t>(result.metrics.size());
-  for (const auto& [name, value] : result.metrics) w.text(name), w.number(value);
-  w.number<std::uint64_t>(result.traces.size());
-  for (const auto& [name, trace] : result.traces) w.text(name), w.doubles(trace.x), w.doubles(trace.y);
+  write_metrics_and_traces(w, result);
   w.number<std::uint64_t>(result.flags);
   w.number<std::uint64_t>(result.fp_counts.size());
   for (const emu::OpCount& c : result.fp_counts) {
@@ -73,17 +91,7 @@ ItemOutcome decode_outcome(std::string_view bytes) {
   outcome.message = r.text();
   outcome.traceback = r.text();
   RunResult& result = outcome.result;
-  for (auto n = r.number<std::uint64_t>(); n > 0; --n) {
-    std::string name = r.text();
-    result.metrics[std::move(name)] = r.number<double>();
-  }
-  for (auto n = r.number<std::uint64_t>(); n > 0; --n) {
-    std::string name = r.text();
-    Trace trace;
-    trace.x = r.doubles();
-    trace.y = r.doubles();
-    result.traces[std::move(name)] = std::move(trace);
-  }
+  read_metrics_and_traces(r, result);
   result.flags = static_cast<emu::Flags>(r.number<std::uint64_t>());
   for (auto n = r.number<std::uint64_t>(); n > 0; --n) {
     emu::OpCount c;

@@ -105,7 +105,10 @@ class WireReader {
   std::string what_;
 };
 
-
+// A run's metrics and traces as the MPI messages and the Python workers' results carry
+// them: their count, then (name, value) each; their count, then (name, x, y) each.
+void write_metrics_and_traces(WireWriter& w, const RunResult& result);
+void read_metrics_and_traces(WireReader& r, RunResult& result);
 
 std::string encode_items(const std::vector<WorkItem>& items);
 std::vector<WorkItem> decode_items(std::string_view bytes);
