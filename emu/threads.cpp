@@ -22,8 +22,11 @@ std::atomic<int> gemm_threads_setting{0};
 // microseconds) than it saves.
 constexpr std::size_t kMinBandProducts = std::size_t{1} << 14;
 // Bands per thread: enough that a thread slowed by the load of the machine does not hold
-// up the others; few, as each band packs all of B again.
+// up the others; few, as each band decodes or packs all of B again. At least this many
+// rows a band keeps that repeated work small beside the band's own (where a sweep's
+// threads are all busy, the caller runs every band itself).
 constexpr std::size_t kBandsPerThread = 4;
+constexpr std::size_t kMinBandRows = 16;
 
 // The threads oneTBB gives this caller: its arena's, within a global limit (sweep -j).
 std::size_t threads_here() {
@@ -48,7 +51,7 @@ void gemm_by_rows(Context& ctx, std::size_t m, std::size_t n, std::size_t k, dou
   const bool limited = setting != 0 && setting < here;
   const std::size_t threads = limited ? setting : here;
   const std::size_t products = m * n * std::max<std::size_t>(k, 1);
-  const std::size_t wanted = std::min({m, threads * kBandsPerThread, products / kMinBandProducts});
+  const std::size_t wanted = std::min({m / kMinBandRows, threads * kBandsPerThread, products / kMinBandProducts});
   if (threads < 2 || wanted < 2 || ctx.control.effective_rounding() == Rounding::sr) {
     band(ctx, 0, m);
     return;

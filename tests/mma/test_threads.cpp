@@ -189,11 +189,11 @@ struct Shape {
   std::size_t m, n, k;
 };
 
-// Shapes large enough to be cut into bands (emu/threads.cpp: 2^14 products a band at
-// least), rarely a multiple of one.
+// Shapes large enough to be cut into bands (emu/threads.cpp: 16 rows and 2^14 products
+// a band at least; 200 rows: 8 bands at 2 threads, 12 at 3), rarely a multiple of one.
 std::vector<Shape> shapes(Rng& rng) {
-  std::vector<Shape> list{{67, 45, 80}, {12, 140, 33}};
-  for (int s = 0; s < 2; ++s) list.push_back({20 + pick(rng, 60), 20 + pick(rng, 50), 30 + pick(rng, 70)});
+  std::vector<Shape> list{{67, 45, 80}, {200, 21, 40}};
+  for (int s = 0; s < 2; ++s) list.push_back({32 + pick(rng, 90), 20 + pick(rng, 50), 30 + pick(rng, 70)});
   return list;
 }
 
@@ -219,7 +219,7 @@ TEST_CASE("every unit's gemm: the same outcome at 1, 2 and 3 threads", "[threads
 
 TEST_CASE("a tensor-core input outside fp16: the serial error at any number of threads", "[threads]") {
   Rng rng(StreamId{3});
-  Problem p = random_problem(rng, 60, 40, 50);
+  Problem p = random_problem(rng, 70, 40, 50);
   p.A[40 * p.lda() + 3] = 0.1;  // not an fp16 value; B's is later in the unit's decoding order
   p.B[7 * p.ldb() + 30] = 0.2;
   const auto unit = make_unit(UnitKind::h100);
@@ -237,7 +237,7 @@ TEST_CASE("b200's block-scaled gemm: the same outcome at 1, 2 and 3 threads", "[
   for (const std::string name : {"mxfp8-e4m3", "nvfp4"}) {
     INFO(name);
     const BlockFormat& f = block_format_by_name(name);
-    const std::size_t m = 41, n = 37, k = 96;
+    const std::size_t m = 70, n = 37, k = 96;
     std::vector<BlockQuantized> rows, cols;
     auto quantized = [&](double scale) {
       std::vector<double> v(k);
@@ -287,7 +287,7 @@ class BandRecorder final : public MatrixUnit {
 TEST_CASE("gemm cuts C into bands of rows where it has threads, and runs serially where it has one", "[threads]") {
   const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, 4);
   tbb::task_arena arena(4);
-  const std::size_t m = 101, n = 50, k = 60;
+  const std::size_t m = 301, n = 50, k = 60;  // 4 bands a thread
   std::vector<double> A(m * k), B(k * n), C(m * n);
   for (int threads : {1, 2, 3}) {
     INFO(threads << " threads");
