@@ -1,13 +1,12 @@
 #include "threads.hpp"
 
-#include <tbb/blocked_range.h>
 #include <tbb/global_control.h>
-#include <tbb/parallel_for.h>
-#include <tbb/partitioner.h>
 #include <tbb/task_arena.h>
+#include <tbb/task_group.h>
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -18,15 +17,16 @@ namespace {
 
 std::atomic<int> gemm_threads_setting{0};
 
-// A band of fewer products than this costs more to hand to another thread (tens of
+// Bands: every thread takes the next band of rows until none is left. Each band costs
+// some work of its own beside its rows' (a unit's gemm decodes or packs all of B per
+// call: measured, as much as 12 to 30 rows of a 1024^3 product), so bands are few and
+// not small; and a caller that no other thread has come to help (every thread busy, as
+// in a sweep) takes all the rows left at once, so that it pays for one band more at most.
+constexpr std::size_t kBandsPerThread = 2;
+constexpr std::size_t kMinBandRows = 64;
+// A band of fewer products costs more to hand to another thread (tens of
 // microseconds) than it saves.
 constexpr std::size_t kMinBandProducts = std::size_t{1} << 14;
-// Bands per thread: enough that a thread slowed by the load of the machine does not hold
-// up the others; few, as each band decodes or packs all of B again. At least this many
-// rows a band keeps that repeated work small beside the band's own (where a sweep's
-// threads are all busy, the caller runs every band itself).
-constexpr std::size_t kBandsPerThread = 4;
-constexpr std::size_t kMinBandRows = 16;
 
 // The threads oneTBB gives this caller: its arena's, within a global limit (sweep -j).
 std::size_t threads_here() {
@@ -50,33 +50,60 @@ void gemm_by_rows(Context& ctx, std::size_t m, std::size_t n, std::size_t k, dou
   // A setting below what oneTBB gives runs the bands in an arena of that many threads.
   const bool limited = setting != 0 && setting < here;
   const std::size_t threads = limited ? setting : here;
-  const std::size_t products = m * n * std::max<std::size_t>(k, 1);
-  const std::size_t wanted = std::min({m / kMinBandRows, threads * kBandsPerThread, products / kMinBandProducts});
-  if (threads < 2 || wanted < 2 || ctx.control.effective_rounding() == Rounding::sr) {
+  const std::size_t row_products = std::max<std::size_t>(n * k, 1);
+  const std::size_t rows = std::max({kMinBandRows, (m + threads * kBandsPerThread - 1) / (threads * kBandsPerThread),
+                                     (kMinBandProducts + row_products - 1) / row_products});
+  if (threads < 2 || rows >= m || ctx.control.effective_rounding() == Rounding::sr) {
     band(ctx, 0, m);
     return;
   }
-  const std::size_t rows = (m + wanted - 1) / wanted;
-  const std::size_t bands = (m + rows - 1) / rows;
 
   std::vector<double> saved(m * n);
   for (std::size_t i = 0; i < m; ++i) std::copy(C + i * ldc, C + i * ldc + n, saved.begin() + i * n);
-  std::vector<Context> parts(bands, ctx);
-  for (Context& part : parts) {
-    part.clear_status();
-    part.clear_counts();
-    part.clear_element();
-  }
+  Context fresh = ctx;
+  fresh.clear_status();
+  fresh.clear_counts();
+  fresh.clear_element();
+  // Every band starts at a multiple of `rows` (the caller's last one, all the rows left,
+  // too): its context waits in slot first / rows, so the slots are in row order.
+  std::vector<std::optional<Context>> slots((m + rows - 1) / rows);
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> helped{false}, failed{false};
+  // Takes `want` rows (fewer at the end) and computes them; false when none was left.
+  auto take = [&](std::size_t want) {
+    const std::size_t first = failed.load() ? m : next.fetch_add(want);
+    if (first >= m) return false;
+    Context& band_ctx = slots[first / rows].emplace(fresh);
+    band(band_ctx, first, std::min(want, m - first));
+    return true;
+  };
   auto run_bands = [&] {
-    // Isolated: a thread waiting for these bands takes no outer task (another sweep run),
-    // which would hold this GEMM up for as long as that run lasts.
+    // Isolated: a thread waiting for the helpers takes no outer task (another sweep
+    // run), which would hold this GEMM up for as long as that run lasts.
     tbb::this_task_arena::isolate([&] {
-      tbb::parallel_for(
-          tbb::blocked_range<std::size_t>(0, bands, 1),
-          [&](const tbb::blocked_range<std::size_t>& r) {
-            for (std::size_t b = r.begin(); b != r.end(); ++b) band(parts[b], b * rows, std::min(rows, m - b * rows));
-          },
-          tbb::simple_partitioner());
+      tbb::task_group helpers;
+      for (std::size_t t = 1; t < threads; ++t)
+        helpers.run([&] {
+          helped.store(true);
+          try {
+            while (take(rows)) {
+            }
+          } catch (...) {
+            failed.store(true);
+            throw;
+          }
+        });
+      // The caller takes a band, then, while no helper has come (every thread busy), all
+      // the rows left at once.
+      try {
+        bool first_band = true;
+        while (take(first_band || helped.load() ? rows : m)) first_band = false;
+      } catch (...) {
+        failed.store(true);
+        helpers.wait();  // they write into C: wait for them before the caller's exception goes on
+        throw;
+      }
+      helpers.wait();
     });
   };
   try {
@@ -92,9 +119,11 @@ void gemm_by_rows(Context& ctx, std::size_t m, std::size_t n, std::size_t k, dou
     return;
   }
 
-  for (std::size_t b = 0; b < bands; ++b) {
-    const auto first = static_cast<std::int64_t>(b * rows);
-    for (OpCount count : parts[b].counts()) {
+  for (std::size_t slot = 0; slot < slots.size(); ++slot) {
+    if (!slots[slot]) continue;
+    const Context& b = *slots[slot];
+    const auto first = static_cast<std::int64_t>(slot * rows);
+    for (OpCount count : b.counts()) {
       Element& e = count.first_element;
       if (e.known()) {
         e.flat += first * static_cast<std::int64_t>(n);
@@ -105,7 +134,7 @@ void gemm_by_rows(Context& ctx, std::size_t m, std::size_t n, std::size_t k, dou
       ctx.add_count(count);
     }
     // The flags that are not counted (nor trapped, or the band would have thrown).
-    if (const Flags rest = parts[b].status() & ~ctx.control.counted) ctx.raise_flags(rest, "gemm", {});
+    if (const Flags rest = b.status() & ~ctx.control.counted) ctx.raise_flags(rest, "gemm", {});
   }
 }
 

@@ -27,10 +27,12 @@ using RowBand = std::function<void(Context& ctx, std::size_t first, std::size_t 
 //  1. Serial (band(ctx, 0, m) itself) where one thread is asked for, where the work is
 //     too small to share, and under stochastic rounding (its random bits are drawn in
 //     element order).
-//  2. Otherwise bands of whole rows, each on a copy of ctx with no status and no counts
-//     (oneTBB tasks, isolated: a waiting thread takes no outer work).
+//  2. Otherwise bands of whole rows, each on a copy of ctx with no status and no counts,
+//     taken in turn by the caller and by oneTBB tasks that help it (isolated: a waiting
+//     thread takes no outer work); where the bands fall depends on timing, which
+//     changes nothing below.
 //  3. The copies' counts are renumbered to the whole GEMM's elements and added to ctx,
-//     and their status joined, in band order: rows are row-major order, so the counts,
+//     and their status joined, in row order: rows are row-major order, so the counts,
 //     their first elements and their order are the serial ones.
 //  4. A trap or an error in any band: C is restored and the GEMM runs serially on ctx,
 //     which throws the first exception in element order, with the status, counts and
