@@ -23,7 +23,7 @@ std::atomic<int> gemm_threads_setting{0};
 // not small; and a caller that no other thread has come to help (every thread busy, as
 // in a sweep) takes all the rows left at once, so that it pays for one band more at most.
 constexpr std::size_t kBandsPerThread = 2;
-constexpr std::size_t kMinBandRows = 64;
+constexpr std::size_t kMinBandRows = 128;
 // A band of fewer products costs more to hand to another thread (tens of
 // microseconds) than it saves.
 constexpr std::size_t kMinBandProducts = std::size_t{1} << 14;

@@ -191,11 +191,11 @@ struct Shape {
   std::size_t m, n, k;
 };
 
-// Shapes large enough to be cut into bands (emu/threads.cpp: 64 rows and 2^14 products
-// a band at least), rarely a multiple of one.
+// Shapes large enough to be cut into bands (emu/threads.cpp: 128 rows and 2^14
+// products a band at least), rarely a multiple of one.
 std::vector<Shape> shapes(Rng& rng) {
-  std::vector<Shape> list{{150, 25, 40}, {300, 9, 20}};
-  for (int s = 0; s < 2; ++s) list.push_back({130 + pick(rng, 130), 10 + pick(rng, 30), 20 + pick(rng, 50)});
+  std::vector<Shape> list{{300, 13, 20}, {530, 7, 24}};
+  for (int s = 0; s < 2; ++s) list.push_back({260 + pick(rng, 200), 8 + pick(rng, 12), 16 + pick(rng, 30)});
   return list;
 }
 
@@ -221,8 +221,8 @@ TEST_CASE("every unit's gemm: the same outcome at 1, 2 and 3 threads", "[threads
 
 TEST_CASE("a tensor-core input outside fp16: the serial error at any number of threads", "[threads]") {
   Rng rng(StreamId{3});
-  Problem p = random_problem(rng, 200, 40, 50);
-  p.A[150 * p.lda() + 3] = 0.1;  // not an fp16 value; B's is later in the unit's decoding order
+  Problem p = random_problem(rng, 300, 40, 50);
+  p.A[250 * p.lda() + 3] = 0.1;  // not an fp16 value; B's is later in the unit's decoding order
   p.B[7 * p.ldb() + 30] = 0.2;
   const auto unit = make_unit(UnitKind::h100);
   check_threads(p.C, [&](Context& ctx, double* C) {
@@ -239,7 +239,7 @@ TEST_CASE("b200's block-scaled gemm: the same outcome at 1, 2 and 3 threads", "[
   for (const std::string name : {"mxfp8-e4m3", "nvfp4"}) {
     INFO(name);
     const BlockFormat& f = block_format_by_name(name);
-    const std::size_t m = 150, n = 20, k = 96;
+    const std::size_t m = 300, n = 12, k = 96;
     std::vector<BlockQuantized> rows, cols;
     auto quantized = [&](double scale) {
       std::vector<double> v(k);
@@ -252,10 +252,10 @@ TEST_CASE("b200's block-scaled gemm: the same outcome at 1, 2 and 3 threads", "[
     std::vector<double> C(m * n);
     for (double& c : C) c = fp16_value(rng, -6, 6);
     C[20 * n + 3] = kInf;
-    C[100 * n + 8] = -kInf;
+    C[200 * n + 8] = -kInf;
     auto gemm = [&](Context& ctx, double* out) { unit->gemm(ctx, rows, cols, out, n); };
     check_threads(C, gemm);
-    C[90 * n + 4] = 0.1;  // not an fp32 value: the serial error
+    C[190 * n + 4] = 0.1;  // not an fp32 value: the serial error
     check_threads(C, gemm);
   }
 }
@@ -300,7 +300,7 @@ TEST_CASE("gemm runs bands of rows at the same time where it has threads, and se
           "[threads]") {
   const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, 4);
   tbb::task_arena arena(4);
-  const std::size_t m = 301, n = 50, k = 60;
+  const std::size_t m = 601, n = 50, k = 60;
   std::vector<double> A(m * k), B(k * n), C(m * n);
   for (int threads : {1, 2, 3}) {
     INFO(threads << " threads");
