@@ -10,15 +10,27 @@
 // GFLOP/s, and say so. Targets from the issues: ipu-amp (float partials) at least 0.25x
 // the float loop, every tensor-core preset and the reference units (exact, fp32-seq,
 // fp16-seq, also in their unfused forms) at least 0.05x.
+//
+// Thread scaling (issue 22: at least 1.8x from 1 to 2 threads): each unit's 1024^3 call
+// (the same rows as above) at 1 and 2 GEMM threads (emu::set_gemm_threads), best of 3
+// by wall time, with the CPU time of the same calls: the process's (over one thread's:
+// the work the bands add) and the calling thread's, from which the busiest thread's
+// share gives the speed-up a machine with two free cores would see (the CPU time at one
+// thread over the busiest thread's at two), whatever the load; and the load average.
+// Arguments: unit names (as in the table, "fp32-seq/u" too) to run only those.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <functional>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "emu/threads.hpp"
 #include "emu/unit.hpp"
 
 #ifdef ROUNDOFF_HAVE_OPENBLAS
@@ -138,12 +150,50 @@ UnitTiming time_unit(const emu::MatrixUnit& unit, const Problem& p, std::size_t 
   return {gflops(rows, p.n, t.seconds), rows, t.repeats};
 }
 
+// One call's wall and process CPU seconds at `threads` GEMM threads: warm-up, then the
+// best of 3 by wall time.
+struct Scaling {
+  double wall = 1e300, cpu = 0, busiest = 0;  // busiest: the larger of the caller's and the others' CPU time
+};
+
+Scaling time_threads(const emu::MatrixUnit& unit, const Problem& p, std::size_t rows, int threads) {
+  emu::set_gemm_threads(threads);
+  std::vector<double> C(rows * p.n, 0.0);
+  emu::Context ctx;
+  auto call = [&] { unit.gemm(ctx, rows, p.n, p.n, p.A.data(), p.n, p.B.data(), p.n, C.data(), p.n); };
+  call();
+  Scaling best;
+  for (int r = 0; r < 3; ++r) {
+    std::fill(C.begin(), C.end(), 0.0);
+    timespec cpu0{}, cpu1{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu0);
+    const double caller0 = cpu_seconds();
+    const auto start = std::chrono::steady_clock::now();
+    call();
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double caller = cpu_seconds() - caller0;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu1);
+    const double cpu =
+        static_cast<double>(cpu1.tv_sec - cpu0.tv_sec) + 1e-9 * static_cast<double>(cpu1.tv_nsec - cpu0.tv_nsec);
+    if (wall < best.wall) best = {wall, cpu, std::max(caller, cpu - caller)};
+  }
+  emu::set_gemm_threads(1);
+  return best;
+}
+
+double load_average() {
+  double load[1] = {0};
+  return getloadavg(load, 1) == 1 ? load[0] : -1;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
 #ifdef ROUNDOFF_HAVE_OPENBLAS
   openblas_set_num_threads(1);  // single-threaded, as the models (and thread CPU time) assume
 #endif
+  emu::set_gemm_threads(1);  // the table: one thread (the scaling below sets its own)
+  const std::vector<std::string> only(argv + 1, argv + argc);
   const Problem problems[] = {make_problem(256, 1), make_problem(1024, 2)};
   double loop_gf[2] = {}, blas_gf[2] = {};
   std::printf("GEMM throughput, fp16 inputs, single thread (2*M*N*K flops per thread CPU second)\n");
@@ -183,7 +233,14 @@ int main() {
     entries.push_back({*name, emu::unit_kind_by_name(*name), false});
   for (emu::UnitKind kind : {emu::UnitKind::fp32_seq, emu::UnitKind::fp16_seq})
     entries.push_back({std::string(emu::unit_kind_name(kind)) + "/u", kind, true});
+  struct Scaled {
+    std::string unit;
+    std::size_t rows;
+    Scaling one, two;
+  };
+  std::vector<Scaled> scaled;
   for (const Entry& entry : entries) {
+    if (!only.empty() && std::find(only.begin(), only.end(), entry.name) == only.end()) continue;
     const char* const name = entry.name.c_str();
     std::unique_ptr<emu::MatrixUnit> unit;
     try {
@@ -218,6 +275,8 @@ int main() {
     };
     std::printf("%-13s %11.4f %8.4f %8s %11.4f %8.4f %8s  %s\n", name, t[0].gflops, t[0].gflops / loop_gf[0],
                 blas_ratio(0).c_str(), t[1].gflops, t[1].gflops / loop_gf[1], blas_ratio(1).c_str(), note.c_str());
+    scaled.push_back({entry.name, t[1].rows, time_threads(*unit, problems[1], t[1].rows, 1),
+                      time_threads(*unit, problems[1], t[1].rows, 2)});
     const emu::UnitKind kind = unit->kind();
     if (kind != emu::UnitKind::ipu_amp_half)
       targets.push_back({entry.name + (kind == emu::UnitKind::ipu_amp ? " (float partials)" : "") +
@@ -233,5 +292,20 @@ int main() {
     std::printf("  %-26s >= %.2fx: %.3fx, %.3fx  %s\n", target.unit.c_str(), target.need, target.ratio[0],
                 target.ratio[1], met ? "met" : "NOT MET");
   }
+
+  std::printf("\nthread scaling, 1024^3 (rows as above), 1 and 2 GEMM threads: wall seconds (best of 3) and "
+              "speed-up; process CPU time at 2 over 1 (the bands' extra work); CPU time at 1 over the busiest "
+              "thread's at 2 (the speed-up on two free cores)\n");
+  std::printf("load average (1 min) now: %.2f, on %d hardware threads\n", load_average(),
+              static_cast<int>(std::thread::hardware_concurrency()));
+  std::printf("%-13s %6s %9s %9s %9s %9s %9s  %s\n", "unit", "rows", "1 thread", "2 threads", "speed-up", "CPU x",
+              "free x", "target >= 1.8x (speed-up; free cores)");
+  for (const Scaled& u : scaled) {
+    const double speedup = u.one.wall / u.two.wall, free = u.one.cpu / u.two.busiest;
+    std::printf("%-13s %6zu %9.3f %9.3f %8.2fx %8.2fx %8.2fx  %s; %s\n", u.unit.c_str(), u.rows, u.one.wall,
+                u.two.wall, speedup, u.two.cpu / u.one.cpu, free, speedup >= 1.8 ? "met" : "NOT MET",
+                free >= 1.8 ? "met" : "NOT MET");
+  }
+  std::printf("load average (1 min) after: %.2f\n", load_average());
   return 0;
 }

@@ -29,6 +29,7 @@ def best_time(work, repeats):
 
 
 def main():
+    roundoff.set_num_threads(1)  # thread CPU time, here and in _core's timers: one thread
     n = 10**7
     x = (np.random.default_rng(1).standard_normal(n) * 100).astype(np.float32)
     numpy_s = best_time(lambda: x.astype(np.float16), 5)

@@ -133,6 +133,7 @@ def main():
     parser.add_argument("--rules", default=",".join(rt.UPDATE_RULES))
     args = parser.parse_args()
     torch.set_num_threads(1)  # the emulated GEMMs run on one thread: compare like with like
+    roundoff.set_num_threads(1)
     failed = linear_layer(["h100", "a100", "ipu-amp", "ipu-amp-half", "exact", "fp32-seq"], 128, 512, 3)
     optimizer_steps(args.rules.split(","), 3)
     resnet_step(args.units.split(","), args.steps)

@@ -975,8 +975,8 @@ class AmpUnit final : public MatrixUnit {
   // products in the same order as the default (so stochastic rounding draws the same
   // random bits), with B transposed once so that every dot product reads contiguous
   // memory.
-  void gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
-            const double* B, std::size_t ldb, double* C, std::size_t ldc) const override {
+  void serial_gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
+                   const double* B, std::size_t ldb, double* C, std::size_t ldc) const override {
     if (fast::gemm(ctx, cfg_, m, n, k, A, lda, B, ldb, C, ldc)) return;
     std::vector<double> columns(n * k);
     for (std::size_t q = 0; q < k; ++q)

@@ -11,6 +11,7 @@
 
 #include "mma.hpp"
 #include "round.hpp"
+#include "threads.hpp"
 
 namespace emu {
 
@@ -280,6 +281,15 @@ double BlockMmaUnit::dot(Context& ctx, const BlockQuantized& a, const BlockQuant
 
 void BlockMmaUnit::gemm(Context& ctx, std::span<const BlockQuantized> rows, std::span<const BlockQuantized> cols,
                         double* C, std::size_t ldc, const TensorScaleEpilogue& epilogue) const {
+  const std::size_t k = rows.empty() ? 0 : rows.front().elements.size();
+  gemm_by_rows(ctx, rows.size(), cols.size(), k, C, ldc, [&](Context& band_ctx, std::size_t first, std::size_t count) {
+    serial_gemm(band_ctx, rows.subspan(first, count), cols, C + first * ldc, ldc, epilogue);
+  });
+}
+
+void BlockMmaUnit::serial_gemm(Context& ctx, std::span<const BlockQuantized> rows,
+                               std::span<const BlockQuantized> cols, double* C, std::size_t ldc,
+                               const TensorScaleEpilogue& epilogue) const {
   std::vector<Decoded> a, b;
   for (const BlockQuantized& q : rows) a.push_back(decode(q, a_));
   for (const BlockQuantized& q : cols) b.push_back(decode(q, b_));

@@ -144,7 +144,9 @@ class BlockMmaUnit {
              const TensorScaleEpilogue& epilogue = {}) const;
   // C[i * ldc + j] = dot(rows[i], cols[j], C[i * ldc + j], epilogue) for every i, j:
   // rows of A and columns of B, each quantised along k. Element (i, j) raises its flags
-  // with Context::element set to flat i * n + j (n = cols.size()), index [i, j].
+  // with Context::element set to flat i * n + j (n = cols.size()), index [i, j]. Runs on
+  // up to gemm_threads() threads in bands of rows (emu/threads.hpp): results, flags,
+  // counts and a trap do not depend on the number of threads.
   void gemm(Context& ctx, std::span<const BlockQuantized> rows, std::span<const BlockQuantized> cols, double* C,
             std::size_t ldc, const TensorScaleEpilogue& epilogue = {}) const;
 
@@ -154,6 +156,9 @@ class BlockMmaUnit {
   double dot_decoded(Context& ctx, const Decoded& a, const Decoded& b, double c) const;
   double dot_with(Context& ctx, const Decoded& a, const Decoded& b, double c,
                   const TensorScaleEpilogue& epilogue) const;
+  // gemm on the calling thread.
+  void serial_gemm(Context& ctx, std::span<const BlockQuantized> rows, std::span<const BlockQuantized> cols,
+                   double* C, std::size_t ldc, const TensorScaleEpilogue& epilogue) const;
   double special(Context& ctx, const Decoded& a, const Decoded& b, double c) const;
   double instruction(Context& ctx, std::size_t first, std::size_t count, const Decoded& a, const Decoded& b, double c,
                      Flags& flags) const;

@@ -523,8 +523,9 @@ double TensorCoreUnit::dot(Context& ctx, std::size_t k, const double* a, std::si
   return d;
 }
 
-void TensorCoreUnit::gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
-                          std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) const {
+void TensorCoreUnit::serial_gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
+                                 std::size_t lda, const double* B, std::size_t ldb, double* C,
+                                 std::size_t ldc) const {
   if (product_shift_ >= 0 && k > 0 && !flags_per_element(ctx))
     gemm_columns(ctx, m, n, k, A, lda, B, ldb, C, ldc);
   else

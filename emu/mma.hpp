@@ -151,8 +151,9 @@ class TensorCoreUnit final : public MatrixUnit {
   // infinity or overflow, the reference adder per element. The context counting or
   // trapping INEXACT or UFLO takes the reference adder for every element, raising each
   // element's flags with it.
-  void gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
-            std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) const override;
+  // (MatrixUnit::gemm runs it in bands of rows on several threads.)
+  void serial_gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
+                   std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) const override;
   // Volta's instruction on 4x4 tiles (row-major): D = A * B + C.
   void mma_4x4x4(Context& ctx, const double* A, const double* B, const double* C, double* D) const;
 

@@ -9,6 +9,7 @@
 #include "exact_sum.hpp"
 #include "mma.hpp"
 #include "sequential.hpp"
+#include "threads.hpp"
 
 namespace emu {
 
@@ -68,8 +69,8 @@ class ReferenceUnit final : public MatrixUnit {
   // and raise its flags (none that the control counts or traps), the others go through
   // dot(); so results, flags, counts and a trap (with the elements written before it)
   // are those of dot() element by element.
-  void gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
-            const double* B, std::size_t ldb, double* C, std::size_t ldc) const override {
+  void serial_gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
+                   const double* B, std::size_t ldb, double* C, std::size_t ldc) const override {
     auto element = [&](std::size_t i, std::size_t j) {
       return ElementGuard(ctx, static_cast<std::int64_t>(i * n + j),
                           {static_cast<std::int64_t>(i), static_cast<std::int64_t>(j)});
@@ -154,6 +155,13 @@ BlockOperands block_operands(UnitKind k) {
 
 void MatrixUnit::gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
                       const double* B, std::size_t ldb, double* C, std::size_t ldc) const {
+  gemm_by_rows(ctx, m, n, k, C, ldc, [&](Context& band_ctx, std::size_t first, std::size_t rows) {
+    serial_gemm(band_ctx, rows, n, k, A + first * lda, lda, B, ldb, C + first * ldc, ldc);
+  });
+}
+
+void MatrixUnit::serial_gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
+                             std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) const {
   for (std::size_t i = 0; i < m; ++i)
     for (std::size_t j = 0; j < n; ++j) {
       const ElementGuard element(ctx, static_cast<std::int64_t>(i * n + j),

@@ -59,12 +59,20 @@ class MatrixUnit {
                      std::size_t sb, double c) const = 0;
 
   // C = A * B + C with A m x k (row stride lda), B k x n (row stride ldb), C m x n
-  // (row stride ldc), row-major, as the unit computes it (default: one dot per element;
-  // units whose tiling changes the result override it). Flags raised for element
+  // (row stride ldc), row-major, as the unit computes it. Flags raised for element
   // (i, j) carry it (Context::element: flat i * n + j, index [i, j]); every unit's
-  // counts equal those of its elements computed one by one in row-major order.
-  virtual void gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
-                    std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) const;
+  // counts equal those of its elements computed one by one in row-major order. Runs
+  // serial_gemm on up to gemm_threads() threads in bands of rows (emu/threads.hpp):
+  // results, flags, counts and a trap do not depend on the number of threads.
+  void gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
+            const double* B, std::size_t ldb, double* C, std::size_t ldc) const;
+
+ protected:
+  // gemm on the calling thread (default: one dot per element; units whose tiling changes
+  // the result override it). Each element's result and flags must not depend on the
+  // other rows: gemm runs it on bands of rows.
+  virtual void serial_gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
+                           std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) const;
 };
 
 // in/out default to the unit's natural formats (tensor cores: fp16 in, fp32 out;

@@ -12,6 +12,7 @@
 
 #include "emu/block.hpp"
 #include "emu/block_mma.hpp"
+#include "emu/threads.hpp"
 #include "emu/unit.hpp"
 #include "expression.hpp"
 #include "number.hpp"
@@ -217,7 +218,7 @@ scale_bits, block_flags (the scale's and all its elements'), tensor_scale.
 
 const char* const kGemmHelp = R"HELP(usage: emu gemm --unit UNIT A.txt B.txt [C.txt] [--in FMT] [--out FMT]
                 [--scale-rule R] [--rounding R] [--seed S] [--sr-bits K] [--overflow P]
-                [--rng G] [--tininess @TININESS@] [--json]
+                [--rng G] [--tininess @TININESS@] [--threads N] [--json]
 
 Computes A*B + C through UNIT (see emu dot --help). Matrix files: one row per line,
 numbers separated by white space; blank lines and lines starting with # are skipped.
@@ -233,6 +234,8 @@ element).
 A block format (--in, with --unit b200; see emu dot --help) quantises each row of A and
 each column of B along k (nvfp4: one tensor scale for all of A, one for all of B) and
 runs Blackwell's block-scaled MMA per element; JSON adds kind and, for nvfp4, alpha.
+--threads N computes the rows on up to N threads (default 0: every core; 1: one); the
+output is the same for every N (sr draws its random bits in element order, on one).
 )HELP";
 
 std::string flags_json(Flags flags) {
@@ -381,7 +384,8 @@ std::vector<OptionSpec> command_options(std::string_view command) {
   if (command == "quantize")
     return with(std::move(known), {{"--format", true}, {"--scale-rule", true}, {"--tensor-scale", true}});
   if (command == "dot") known = with(std::move(known), {{"--a", true}, {"--b", true}, {"--c", true}});
-  else if (command != "gemm") throw std::logic_error("command_options: unknown command");
+  else if (command == "gemm") known.push_back({"--threads", true});
+  else throw std::logic_error("command_options: unknown command");
   known.insert(known.end(), unit.begin(), unit.end());
   known.push_back({"--scale-rule", true});  // block formats (b200's block-scaled MMA)
   return known;
@@ -921,6 +925,7 @@ int gemm(const std::vector<std::string>& args, Output& out) {
     throw UsageError("emu gemm: expected the files A.txt B.txt [C.txt]");
   const UnitSetup setup = unit_setup(unit_request_from(o, "gemm"), rounding_from(o));
   Context ctx = context_from(o);
+  if (const auto v = o.get("--threads")) set_gemm_threads(static_cast<int>(integer_option("--threads", *v, 0, 4096)));
   const Matrix A = read_matrix(o.positionals[0]), B = read_matrix(o.positionals[1]);
   expect_rows(B, A.cols, "A*B with A = " + A.path + " (" + std::to_string(A.cols) + " columns)");
   std::optional<Matrix> C;
@@ -946,20 +951,30 @@ int gemm(const std::vector<std::string>& args, Output& out) {
   if (C)
     for (std::size_t e = 0; e < m * n; ++e) c[e] = convert_input(out_format, C->values[e], ctx, c_flags[e]);
 
+  // Every element its own 1 x 1 x k gemm, with its own flags; rows of them on the
+  // threads emu/threads.hpp gives (serially where sr draws random bits).
+  std::vector<Flags> flags(m * n, 0);
+  gemm_by_rows(ctx, m, n, k, c.data(), n, [&](Context& rows_ctx, std::size_t first, std::size_t rows) {
+    for (std::size_t i = first; i < first + rows; ++i)
+      for (std::size_t j = 0; j < n; ++j) {
+        rows_ctx.clear_status();
+        unit.gemm(rows_ctx, 1, 1, k, a.data() + i * k, k, b.data() + j, n, &c[i * n + j], 1);
+        flags[i * n + j] = rows_ctx.status();
+      }
+  });
+
   const bool json = o.has("--json");
   Flags all_flags = 0, all_input_flags = 0;
   for (std::size_t i = 0; i < m; ++i) {
     std::string row_text;
     for (std::size_t j = 0; j < n; ++j) {
-      ctx.clear_status();
-      double v = c[i * n + j];
-      unit.gemm(ctx, 1, 1, k, a.data() + i * k, k, b.data() + j, n, &v, 1);
+      const double v = c[i * n + j];
       const Flags input_flags = a_row_flags[i] | b_col_flags[j] | c_flags[i * n + j];
-      all_flags |= ctx.status();
+      all_flags |= flags[i * n + j];
       all_input_flags |= input_flags;
       if (json)
         out.line("{" + setup.fixed_json + ", \"row\": " + std::to_string(i) + ", \"col\": " + std::to_string(j) + ", " +
-                 result_json(out_format, v, ctx.status()) + ", \"input_flags\": " + flags_json(input_flags) + "}");
+                 result_json(out_format, v, flags[i * n + j]) + ", \"input_flags\": " + flags_json(input_flags) + "}");
       else
         row_text += (j ? std::string(" ") : std::string()) + shortest_decimal(out_format, v);
     }

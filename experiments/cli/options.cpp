@@ -63,7 +63,8 @@ bool on_off(std::string_view option, const std::string& value) {
   throw UsageError(std::string(option) + ": expected on or off, got '" + value + "'");
 }
 
-// A decimal integer in [lo, hi], all of it.
+}  // namespace
+
 std::uint64_t integer_option(std::string_view option, const std::string& value, std::uint64_t lo, std::uint64_t hi) {
   const bool digits_only = !value.empty() && value.size() <= 20 &&
                            value.find_first_not_of("0123456789") == std::string::npos;
@@ -72,8 +73,6 @@ std::uint64_t integer_option(std::string_view option, const std::string& value, 
   if (!digits_only || errno == ERANGE || v < lo || v > hi) integer_out_of_range(option, lo, hi, value);
   return v;
 }
-
-}  // namespace
 
 void integer_out_of_range(std::string_view option, std::uint64_t lo, std::uint64_t hi, const std::string& text) {
   throw UsageError(std::string(option) + ": expected an integer from " + std::to_string(lo) + " to " +

@@ -64,6 +64,8 @@ auto usage_checked(Parse parse) -> decltype(parse()) {
     throw UsageError(e.what());
   }
 }
+// A decimal integer in [lo, hi], all of it; else integer_out_of_range.
+std::uint64_t integer_option(std::string_view option, const std::string& value, std::uint64_t lo, std::uint64_t hi);
 // UsageError "OPTION: expected an integer from LO to HI, got 'TEXT'".
 [[noreturn]] void integer_out_of_range(std::string_view option, std::uint64_t lo, std::uint64_t hi,
                                        const std::string& text);

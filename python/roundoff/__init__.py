@@ -27,7 +27,7 @@ import tempfile as _tempfile
 import numpy as _np
 
 __all__ = ["round", "bits", "from_bits", "info", "formats", "units", "Context", "Flags",
-           "FloatingPointTrap", "dot", "matmul", "sweep", "results", "plot", "report"]
+           "FloatingPointTrap", "dot", "matmul", "set_num_threads", "sweep", "results", "plot", "report"]
 
 
 class FloatingPointTrap(FloatingPointError):
@@ -161,6 +161,13 @@ def formats():
 def units():
     """The matrix units' names."""
     return _core.units()
+
+
+def set_num_threads(n):
+    """The most threads one emulated GEMM uses (matmul, roundoff.torch's layers): n >= 1,
+    or 0, the default: every core. Process-wide. Results, flags, counts and traps are the
+    same for every n; 1 runs each GEMM on the calling thread."""
+    _core.set_num_threads(_integer(n, "n"))
 
 
 def _trap_flags(traps):

@@ -25,6 +25,7 @@
 #include "emu/convert.hpp"
 #include "emu/format.hpp"
 #include "emu/nearest.hpp"
+#include "emu/threads.hpp"
 #include "emu/unit.hpp"
 #include "options.hpp"
 
@@ -447,6 +448,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("dot", &dot);
   m.def("matmul", &matmul);
   m.def("quantize", &quantize_values);
+  m.def("set_num_threads", &emu::set_gemm_threads);
   m.def("block_formats", [] { return names(emu::block_format_table()); });
   m.def("flag_names", [] {
     std::vector<std::pair<std::string, int>> out;

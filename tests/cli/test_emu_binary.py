@@ -648,6 +648,15 @@ for r in rs:
     check(r["value"] == float(FP32.round(exact)[0]), f"gemm element {r}")
 rc, out, _ = emu("gemm", "--unit", "exact", A, B)
 check(rc == 0 and len(out.splitlines()) == 3, f"gemm for people: {out!r}")
+# --threads: 300 rows, cut into bands from 2 threads on (emu/threads.hpp); the same output
+# at any number, with sr's random bits too.
+rng = random.Random(22)
+A_big = write("A_big.txt", "\n".join(" ".join(repr(rng.gauss(0, 1)) for _ in range(40)) for _ in range(300)))
+B_big = write("B_big.txt", "\n".join(" ".join(repr(rng.gauss(0, 1)) for _ in range(20)) for _ in range(40)))
+for unit, rounding in [("h100", "rne"), ("ipu-amp", "sr"), ("fp16-seq", "rne")]:
+    outs = [emu("gemm", "--unit", unit, "--rounding", rounding, A_big, B_big, "--threads", t, "--json")
+            for t in ("1", "2", "0")]
+    check(outs[0][0] == 0 and all(o == outs[0] for o in outs), f"gemm --threads 1, 2, 0 differ for {unit}")
 
 # ---- b200's block-scaled MMA: emu dot/gemm with a block format ----------------------
 # Oracle: the model emu/block_mma.hpp documents (after the PTX ISA and MMA-Sim; no
@@ -834,6 +843,8 @@ bad_calls = [
     (["gemm", "--unit", "exact", A, BAD_B], None), (["gemm", "--unit", "exact", A, BAD_NUM], None),
     (["gemm", "--unit", "exact", A, os.path.join(tmp, "missing.txt")], None),
     (["gemm", "--unit", "exact", A, A], None), (["gemm", "--unit", "exact", A, B, A], None),
+    (["gemm", "--unit", "exact", A, B, "--threads", "-1"], None),
+    (["dot", "--unit", "exact", "--a", "1", "--b", "1", "--threads", "2"], None),
     (["eval", "1", "--format", "fp16", "--trap", "overflow"], None),
     (["eval", "1", "--format", "fp16", "--trap", "oflo,,inv"], None),
     (["round", "1", "--format", "fp16", "--tininess", "during"], None),

@@ -285,6 +285,33 @@ def test_dot_with_formats_and_rounding_matches_emu():
         assert value == emu_value(e["value"]), args
 
 
+@pytest.mark.parametrize("unit", ["h100", "ipu-amp", "fp16-seq"])
+def test_matmul_is_the_same_at_any_number_of_threads(unit):
+    # 96 x 40 x 64 is cut into bands of rows from 2 threads on (emu/threads.hpp); with
+    # overflow (fp16-seq) and inf * 0 in rows through the middle.
+    rng = np.random.default_rng(8)
+    A = roundoff.round(rng.standard_normal((96, 64)) * 30, "fp16")[0]
+    B = roundoff.round(rng.standard_normal((64, 40)) * 30, "fp16")[0]
+    A[50, 3], B[3, :5], A[70, 9] = math.inf, 0.0, -math.inf
+    results = []
+    try:
+        for n in (1, 2, 3):
+            roundoff.set_num_threads(n)
+            results.append(roundoff.matmul(A, B, unit=unit))
+    finally:
+        roundoff.set_num_threads(0)
+    for values, flags in results[1:]:
+        assert values.dtype == results[0][0].dtype and values.tobytes() == results[0][0].tobytes()
+        assert flags == results[0][1]
+
+
+def test_set_num_threads_errors():
+    with pytest.raises(ValueError, match="GEMM threads"):
+        roundoff.set_num_threads(-1)
+    with pytest.raises(TypeError, match="n must be an int"):
+        roundoff.set_num_threads(2.0)
+
+
 @pytest.mark.parametrize("format, options", [
     ("mxfp8-e4m3", {}), ("mxfp8-e5m2", {"scale_rule": "nearest"}), ("mxfp6-e2m3", {}),
     ("mxfp6-e3m2", {"scale_rule": "up"}), ("mxfp4-e2m1", {}), ("mxfp4-e2m1", {"scale_rule": "even"}),

@@ -1,0 +1,325 @@
+// Every unit's GEMM at 1, 2 and 3 threads (emu/threads.hpp): the same bits of C (the
+// row padding included), sticky status, per-(scope, op, flag) counts with their order,
+// first elements, operands and results, trap report with the elements written before
+// it, and error message. The data have NaN, infinities, subnormals, invalid operations
+// (inf * 0) and overflow in rows through the middle of C, so that the bands of rows the
+// threads take see them in different places; shapes are random, rarely a multiple of a
+// band. The runs are inside an arena of 4 threads (oneTBB also limited to 4), so that
+// 2 and 3 threads run at once even on a machine with fewer cores.
+#include <catch2/catch.hpp>
+
+#include <tbb/global_control.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "emu/block.hpp"
+#include "emu/block_mma.hpp"
+#include "emu/threads.hpp"
+#include "emu/unit.hpp"
+#include "tests/gemm_problem.hpp"
+
+using namespace emu;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr Flags kAllFlags = OFLO | DIV0 | INV | UFLO | INEXACT;
+
+std::uint64_t bits(double x) { return std::bit_cast<std::uint64_t>(x); }
+using gemm_test::pick;
+using gemm_test::Problem;
+using gemm_test::sign;
+
+// Sets the GEMM threads for as long as it lives, then back to the default.
+struct Threads {
+  explicit Threads(int n) { set_gemm_threads(n); }
+  ~Threads() { set_gemm_threads(0); }
+};
+
+// A normal fp16 value sign * (1 + u) * 2^e, e in [lo, hi], or (one in `subnormal`)
+// an fp16 subnormal.
+double fp16_value(Rng& rng, int lo, int hi, std::size_t subnormal = 25) {
+  if (pick(rng, subnormal) == 0) return sign(rng) * static_cast<double>(1 + pick(rng, 1023)) * 0x1p-24;
+  const int e = lo + static_cast<int>(pick(rng, static_cast<std::size_t>(hi - lo + 1)));
+  return sign(rng) * static_cast<double>(1024 + pick(rng, 1024)) * std::ldexp(1.0, e - 10);
+}
+
+// A random problem of fp16 values, with C's values in fp16 too (a value of every
+// output format here). Specials in rows a third, half and two thirds down, and in the
+// last row: NaN; a large C with large products (overflow where the output is fp16);
+// inf * 0 (INV in the columns where B's entry is zero); -inf + inf (INV).
+Problem random_problem(Rng& rng, std::size_t m, std::size_t n, std::size_t k) {
+  Problem p = gemm_test::zero_problem(m, n, k);
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t q = 0; q < k; ++q) p.A[i * p.lda() + q] = fp16_value(rng, -12, 4);
+  for (std::size_t q = 0; q < k; ++q)
+    for (std::size_t j = 0; j < n; ++j) p.B[q * p.ldb() + j] = pick(rng, 8) == 0 ? 0.0 : fp16_value(rng, -12, 4);
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < n; ++j) p.C[i * p.ldc() + j] = fp16_value(rng, -6, 6);
+  p.A[(m / 3) * p.lda() + pick(rng, k)] = kNaN;
+  const std::size_t big = m / 2;
+  for (std::size_t q = 0; q < std::min<std::size_t>(k, 4); ++q) p.A[big * p.lda() + q] = 32768;
+  for (std::size_t j = 0; j < n; ++j) p.C[big * p.ldc() + j] = 65504;  // fp16's largest
+  p.A[(2 * m / 3) * p.lda() + pick(rng, k)] = kInf;
+  if (k >= 2) {
+    p.A[(m - 1) * p.lda()] = -kInf;
+    p.A[(m - 1) * p.lda() + 1] = kInf;
+  }
+  return p;
+}
+
+// Everything a GEMM leaves behind.
+struct Outcome {
+  std::vector<double> C;
+  Flags status = 0;
+  std::vector<OpCount> counts;
+  std::optional<TrapReport> trap;
+  std::string error;
+};
+
+// The first difference between two outcomes ("" where none), naming where.
+std::string difference(const Outcome& a, const Outcome& b) {
+  std::size_t mismatches = 0, first = 0;
+  for (std::size_t e = a.C.size(); e-- > 0;)
+    if (bits(a.C[e]) != bits(b.C[e])) {
+      ++mismatches;
+      first = e;
+    }
+  if (mismatches != 0)
+    return std::to_string(mismatches) + " values of C differ, the first at " + std::to_string(first) + ": " +
+           std::to_string(a.C[first]) + " vs " + std::to_string(b.C[first]);
+  if (a.status != b.status) return "status " + std::to_string(a.status) + " vs " + std::to_string(b.status);
+  if (a.error != b.error) return "error '" + a.error + "' vs '" + b.error + "'";
+  if (a.counts.size() != b.counts.size())
+    return std::to_string(a.counts.size()) + " counts vs " + std::to_string(b.counts.size());
+  auto same_values = [](const std::vector<double>& x, const std::vector<double>& y) {
+    return std::equal(x.begin(), x.end(), y.begin(), y.end(), [](double u, double v) { return bits(u) == bits(v); });
+  };
+  for (std::size_t c = 0; c < a.counts.size(); ++c) {
+    const OpCount &x = a.counts[c], &y = b.counts[c];
+    if (x.scope != y.scope || x.op != y.op || x.flag != y.flag || x.count != y.count ||
+        !(x.first_element == y.first_element) || !same_values(x.first_operands, y.first_operands) ||
+        bits(x.first_result) != bits(y.first_result))
+      return "count " + std::to_string(c) + " (" + x.op + " " + flag_name(x.flag) + "): " +
+             std::to_string(x.count) + " first at " + x.first_element.to_string() + " vs " + y.op + " " +
+             flag_name(y.flag) + ": " + std::to_string(y.count) + " first at " + y.first_element.to_string();
+  }
+  if (a.trap.has_value() != b.trap.has_value()) return a.trap ? "a trap vs none" : "no trap vs one";
+  if (a.trap) {
+    const TrapReport &x = *a.trap, &y = *b.trap;
+    if (x.flag != y.flag || x.scope != y.scope || x.op != y.op || !(x.element == y.element) ||
+        !same_values(x.operands, y.operands) || bits(x.result) != bits(y.result) || x.status != y.status)
+      return std::string("trap ") + flag_name(x.flag) + " at " + x.element.to_string() + " status " +
+             std::to_string(x.status) + " vs " + flag_name(y.flag) + " at " + y.element.to_string() + " status " +
+             std::to_string(y.status);
+  }
+  return "";
+}
+
+// gemm(ctx, C) under `control` at `threads` threads, on a context that already has a
+// scope, a count and an element of an enclosing operation (as inside a network layer).
+template <class Gemm>
+Outcome run_at(int threads, const FpControl& control, std::vector<double> C, const Gemm& gemm) {
+  const Threads setting(threads);
+  Context ctx(control, Rng(StreamId{7}));
+  const Scope scope(ctx, "layer");
+  ctx.convert(fp16(), 0.1);  // INEXACT before the GEMM: its count comes first and adds up
+  ctx.set_element(5, {5});
+  Outcome out;
+  try {
+    gemm(ctx, C.data());
+  } catch (const FpException& e) {
+    out.trap = e.report();
+  } catch (const std::exception& e) {
+    out.error = e.what();
+  }
+  out.C = std::move(C);
+  out.status = ctx.status();
+  out.counts = ctx.counts();
+  return out;
+}
+
+// The controls every unit runs under: fast paths, counting (all flags: the reference
+// paths; OFLO, DIV0 and INV: the AMP's vectorised path with counting), traps with and
+// without counting, and stochastic rounding (serial, random bits in element order).
+std::vector<FpControl> controls() {
+  std::vector<FpControl> list(7);
+  list[1].counted = kAllFlags;
+  list[2].counted = OFLO | DIV0 | INV;
+  list[3].counted = kAllFlags;
+  list[3].traps = OFLO | DIV0 | INV;
+  list[4].traps = OFLO | DIV0 | INV;
+  list[5].traps = UFLO;
+  list[5].counted = INV;
+  list[6].esr = true;
+  list[6].counted = kAllFlags;
+  return list;
+}
+
+// Runs gemm at 1, 2 and 3 threads under every control; fails with the first difference.
+template <class Gemm>
+void check_threads(const std::vector<double>& C, const Gemm& gemm) {
+  const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, 4);
+  tbb::task_arena arena(4);
+  arena.execute([&] {
+    for (const FpControl& control : controls()) {
+      INFO("counted " << int(control.counted) << " traps " << int(control.traps) << " esr " << control.esr);
+      const Outcome serial = run_at(1, control, C, gemm);
+      for (int threads : {2, 3}) {
+        INFO(threads << " threads");
+        CHECK(difference(serial, run_at(threads, control, C, gemm)) == "");
+      }
+    }
+  });
+}
+
+struct Shape {
+  std::size_t m, n, k;
+};
+
+// Shapes large enough to be cut into bands (emu/threads.cpp: 128 rows and 2^14
+// products a band at least), rarely a multiple of one.
+std::vector<Shape> shapes(Rng& rng) {
+  std::vector<Shape> list{{300, 13, 20}, {530, 7, 24}};
+  for (int s = 0; s < 2; ++s) list.push_back({260 + pick(rng, 200), 8 + pick(rng, 12), 16 + pick(rng, 30)});
+  return list;
+}
+
+}  // namespace
+
+TEST_CASE("every unit's gemm: the same outcome at 1, 2 and 3 threads", "[threads]") {
+  Rng rng(StreamId{2026});
+  for (const Named<UnitKind>& named : unit_table()) {
+    const UnitKind kind = named.value;
+    std::vector<std::unique_ptr<MatrixUnit>> units;
+    units.push_back(make_unit(kind));
+    if (kind == UnitKind::fp32_seq || kind == UnitKind::fp16_seq) units.push_back(make_sequential_unit(kind, false));
+    for (const auto& unit : units)
+      for (const Shape& s : shapes(rng)) {
+        INFO(named.name << " (" << units.front().get() - unit.get() << ") " << s.m << "x" << s.n << "x" << s.k);
+        const Problem p = random_problem(rng, s.m, s.n, s.k);
+        check_threads(p.C, [&](Context& ctx, double* C) {
+          unit->gemm(ctx, p.m, p.n, p.k, p.A.data(), p.lda(), p.B.data(), p.ldb(), C, p.ldc());
+        });
+      }
+  }
+}
+
+TEST_CASE("a tensor-core input outside fp16: the serial error at any number of threads", "[threads]") {
+  Rng rng(StreamId{3});
+  Problem p = random_problem(rng, 300, 40, 50);
+  p.A[250 * p.lda() + 3] = 0.1;  // not an fp16 value; B's is later in the unit's decoding order
+  p.B[7 * p.ldb() + 30] = 0.2;
+  const auto unit = make_unit(UnitKind::h100);
+  check_threads(p.C, [&](Context& ctx, double* C) {
+    unit->gemm(ctx, p.m, p.n, p.k, p.A.data(), p.lda(), p.B.data(), p.ldb(), C, p.ldc());
+  });
+  const Outcome serial = run_at(1, {}, p.C, [&](Context& ctx, double* C) {
+    unit->gemm(ctx, p.m, p.n, p.k, p.A.data(), p.lda(), p.B.data(), p.ldb(), C, p.ldc());
+  });
+  CHECK(serial.error.find("0.100000") != std::string::npos);
+}
+
+TEST_CASE("b200's block-scaled gemm: the same outcome at 1, 2 and 3 threads", "[threads]") {
+  Rng rng(StreamId{4});
+  for (const std::string name : {"mxfp8-e4m3", "nvfp4"}) {
+    INFO(name);
+    const BlockFormat& f = block_format_by_name(name);
+    const std::size_t m = 300, n = 12, k = 96;
+    std::vector<BlockQuantized> rows, cols;
+    auto quantized = [&](double scale) {
+      std::vector<double> v(k);
+      for (double& x : v) x = fp16_value(rng, -8, 4) * scale;
+      return quantize(f, v, default_block_spec(f), nullptr);
+    };
+    for (std::size_t i = 0; i < m; ++i) rows.push_back(quantized(i % 7 == 3 ? 0x1p-100 : 1.0));
+    for (std::size_t j = 0; j < n; ++j) cols.push_back(quantized(j % 5 == 1 ? 0x1p60 : 1.0));
+    const auto unit = make_block_mma_unit(UnitKind::b200, f, f);
+    std::vector<double> C(m * n);
+    for (double& c : C) c = fp16_value(rng, -6, 6);
+    C[20 * n + 3] = kInf;
+    C[200 * n + 8] = -kInf;
+    auto gemm = [&](Context& ctx, double* out) { unit->gemm(ctx, rows, cols, out, n); };
+    check_threads(C, gemm);
+    C[190 * n + 4] = 0.1;  // not an fp32 value: the serial error
+    check_threads(C, gemm);
+  }
+}
+
+namespace {
+
+// A unit that records the rows of each serial_gemm call (the bands). Its first call
+// waits (up to a minute) for a second to start: so with more than one thread the GEMM
+// must have run two bands at the same time.
+class BandRecorder final : public MatrixUnit {
+ public:
+  UnitKind kind() const override { return UnitKind::exact; }
+  const Format& input_format() const override { return fp16(); }
+  const Format& output_format() const override { return fp32(); }
+  double dot(Context&, std::size_t, const double*, std::size_t, const double*, std::size_t, double c) const override {
+    return c;
+  }
+  const double* C0 = nullptr;
+  std::size_t ldc = 0;
+  bool wait_for_another = false;
+  mutable std::mutex mutex;
+  mutable std::condition_variable another;
+  mutable std::vector<std::pair<std::size_t, std::size_t>> bands;  // first row, rows
+  mutable bool overlapped = false;
+
+ protected:
+  void serial_gemm(Context&, std::size_t m, std::size_t, std::size_t, const double*, std::size_t, const double*,
+                   std::size_t, double* C, std::size_t) const override {
+    std::unique_lock lock(mutex);
+    bands.emplace_back(static_cast<std::size_t>(C - C0) / ldc, m);
+    if (bands.size() == 1 && wait_for_another) {
+      overlapped = another.wait_for(lock, std::chrono::seconds(60), [&] { return bands.size() > 1; });
+    } else {
+      another.notify_all();
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("gemm runs bands of rows at the same time where it has threads, and serially where it has one",
+          "[threads]") {
+  const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, 4);
+  tbb::task_arena arena(4);
+  const std::size_t m = 601, n = 50, k = 60;
+  std::vector<double> A(m * k), B(k * n), C(m * n);
+  for (int threads : {1, 2, 3}) {
+    INFO(threads << " threads");
+    const Threads setting(threads);
+    BandRecorder unit;
+    unit.C0 = C.data();
+    unit.ldc = n;
+    unit.wait_for_another = threads > 1;
+    Context ctx;
+    arena.execute([&] { unit.gemm(ctx, m, n, k, A.data(), k, B.data(), n, C.data(), n); });
+    std::sort(unit.bands.begin(), unit.bands.end());
+    if (threads == 1) CHECK(unit.bands.size() == 1);
+    else CHECK(unit.overlapped);
+    std::size_t next = 0;
+    for (const auto& [first, rows] : unit.bands) {
+      CHECK(first == next);
+      next = first + rows;
+    }
+    CHECK(next == m);
+  }
+  CHECK_THROWS_AS(set_gemm_threads(-1), std::invalid_argument);
+}
