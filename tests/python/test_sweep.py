@@ -47,3 +47,18 @@ def test_sweep_returns_the_results_object(tmp_path):
     assert results.experiment == "swamping" and results.done.all()
     with h5py.File(tmp_path / "r.h5") as f:
         np.testing.assert_array_equal(results.metrics["final"], f["metrics/final"][:])
+
+
+def test_python_m_roundoff_sweep_refuses_and_names_build_sweep():
+    import importlib
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "roundoff.sweep", "configs/swamping.yaml"], capture_output=True,
+                          text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "roundoff.sweep: sweeps run with build/sweep CONFIG.yaml [-j N] [--resume] [--shard K/N] "
+        "(Python experiments too: experiment: python); from Python, roundoff.sweep(config) runs it"]
+    with pytest.raises(ImportError, match="build/sweep"):
+        importlib.import_module("roundoff.sweep")
+    assert callable(roundoff.sweep)
