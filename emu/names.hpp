@@ -72,13 +72,4 @@ const T& value_by_name(NameTable<T> table, std::string_view name, std::string_vi
   throw_unknown_name(what, name, name_list(table));
 }
 
-// The name of `value` (a value the table holds; std::logic_error otherwise: a table
-// that misses a value is a bug).
-template <class T>
-const char* name_of(NameTable<T> table, const T& value) {
-  for (const Named<T>& row : table)
-    if (row.value == value) return row.name;
-  throw std::logic_error("a value without a name in its table");
-}
-
 }  // namespace emu

@@ -427,15 +427,21 @@ std::map<std::pair<std::uint32_t, std::uint32_t>, FailedRun> read_failures(hid_t
   Hid message_set = open_dataset(f, "failures/message"), traceback_set = open_dataset(f, "failures/traceback");
   const std::size_t n = element_count(point_set.get());
   if (n > kMaxRuns) throw DamagedFile("/failures holds more rows than a sweep has runs");
-  for (const hid_t column : {replica_set.get(), message_set.get(), traceback_set.get()})
-    expect_elements(column, n, "a column of /failures");
+  expect_elements(replica_set.get(), n, "/failures/replica");
+  expect_elements(message_set.get(), n, "/failures/message");
+  expect_elements(traceback_set.get(), n, "/failures/traceback");
   std::vector<std::int64_t> points(n), replicas(n);
   check(H5Dread(point_set.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, points.data()), "read failures");
   check(H5Dread(replica_set.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, replicas.data()), "read failures");
   const std::vector<std::string> messages = read_strings(message_set.get(), n);
   const std::vector<std::string> tracebacks = read_strings(traceback_set.get(), n);
-  for (std::size_t i = 0; i < n; ++i)
+  constexpr std::int64_t kMaxIndex = std::numeric_limits<std::uint32_t>::max();
+  for (std::size_t i = 0; i < n; ++i) {
+    if (points[i] < 0 || points[i] > kMaxIndex || replicas[i] < 0 || replicas[i] > kMaxIndex)
+      throw DamagedFile("/failures row " + std::to_string(i) + " names no run (point " + std::to_string(points[i]) +
+                        ", replica " + std::to_string(replicas[i]) + ")");
     failures[{static_cast<std::uint32_t>(points[i]), static_cast<std::uint32_t>(replicas[i])}] = {messages[i], tracebacks[i]};
+  }
   return failures;
 }
 

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <optional>
+#include <stdexcept>
 #include <vector>
 
 #include "runner.hpp"
@@ -181,9 +183,11 @@ Experiment read_declaration(WireReader& r, const std::string& run_target) {
 }
 
 emu::Flag flag_named(const std::string& name, const std::string& what) {
-  for (emu::Flag flag : emu::kAllFlags)
-    if (name == emu::flag_name(flag)) return flag;
-  throw RunRaised(what + ": unknown flag '" + name + "' (OFLO, DIV0, INV, UFLO or INEXACT)", "");
+  try {
+    return emu::flag_by_name(name);
+  } catch (const std::invalid_argument& e) {
+    throw RunRaised(what + ": " + e.what(), "");
+  }
 }
 
 RunResult read_result(WireReader& r) {
@@ -338,30 +342,37 @@ RunResult run_in_worker(WorkerPool& pool, const Params& params, const RunEnv& en
     const std::string how = reap(worker, true);
     throw RunRaised("the Python worker " + how + " during the run (a new one takes the next run)", "");
   }
-  WireReader r(std::string_view(message).substr(1), kWhat);
-  if (message[0] == 'F') {
-    std::string text = r.text(), traceback = r.text();
-    r.end();
-    pool.give_back(worker);
-    throw RunRaised(text, traceback);
-  }
-  if (message[0] != 'R' && message[0] != 'T') {
-    reap(worker, true);
-    throw std::runtime_error(std::string(kWhat) + ": expected a result");
-  }
+  // The reply: a result, a trap or the callable's exception. One that names something
+  // unusable (an unknown flag) fails the run and keeps the worker; a malformed one fails
+  // the run and ends the worker; neither stops the sweep.
+  const char kind = message.empty() ? '\0' : message[0];
+  RunResult result;
+  std::optional<emu::TrapReport> trap;
+  std::optional<RunRaised> raised;
   try {
-    if (message[0] == 'T') {
-      emu::TrapReport trap = read_trap(r);
-      pool.give_back(worker);
-      throw emu::FpException(std::move(trap));  // the runner records the run's trap outcome
+    WireReader r(std::string_view(message).substr(message.empty() ? 0 : 1), kWhat);
+    if (kind == 'F') {
+      std::string text = r.text(), traceback = r.text();
+      r.end();
+      raised.emplace(text, traceback);
+    } else if (kind == 'T') {
+      trap = read_trap(r);
+    } else if (kind == 'R') {
+      result = read_result(r);
+    } else {
+      throw std::runtime_error("expected a result");
     }
-    RunResult result = read_result(r);
-    pool.give_back(worker);
-    return result;
   } catch (const RunRaised&) {
     pool.give_back(worker);
     throw;
+  } catch (const std::exception& e) {
+    reap(worker, true);
+    throw RunRaised(std::string(kWhat) + ": " + e.what() + " (a new worker takes the next run)", "");
   }
+  pool.give_back(worker);
+  if (raised) throw *raised;
+  if (trap) throw emu::FpException(std::move(*trap));  // the runner records the run's trap outcome
+  return result;
 }
 
 }  // namespace

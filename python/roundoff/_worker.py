@@ -22,7 +22,6 @@ import roundoff
 from roundoff import experiment as _experiment
 
 _TYPE_CODES = {"int": 0, "float": 1, "str": 2, "bool": 3}
-_TYPES = [int, float, str, bool]
 
 
 class _Writer:
@@ -205,6 +204,8 @@ def main(argv):
     fd, target, config_folder = int(argv[1]), argv[2], argv[3]
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # One worker per sweep thread (-j): emu's GEMMs in it take one thread too.
+    roundoff.set_num_threads(1)
     try:
         function, declaration = _load(target, config_folder)
     except BaseException as e:  # noqa: BLE001 (any failure to load is reported, one line)

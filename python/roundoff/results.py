@@ -14,7 +14,7 @@ Every function takes a path or a Results (`load` turns either into a Results); t
 figures are roundoff.plot's, which imports this module (never the other way). From a
 shell:
 
-    /usr/bin/python3 -m roundoff.results results/swamping.h5 [--counts | --traps]
+    /usr/bin/python3 -m roundoff.results results/swamping.h5 [--counts | --traps | --failures]
 """
 import sys
 

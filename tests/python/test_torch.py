@@ -306,3 +306,14 @@ def test_transformer_layer_in_eval_mode_runs_its_linears_through_the_unit():
         h = model.layers[1].linear2(torch.ones(3, 5, 32))
     assert not torch.equal(got, expected)
     assert torch.equal(h, rt.round(h, "fp8-e4m3")[0])
+
+
+def test_emulating_again_replaces_the_earlier_settings():
+    torch.manual_seed(1)
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    plain = copy.deepcopy(net)
+    x = torch.randn(3, 4)
+    rt.emulate(net, unit="h100", act_format="fp8-e4m3")
+    assert not torch.equal(net(x), plain(x))
+    rt.emulate(net, unit="exact", keep_float32=(nn.Linear,))
+    assert torch.equal(net(x), plain(x))

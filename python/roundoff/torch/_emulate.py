@@ -294,6 +294,11 @@ def emulate(model, unit, *, in_format=None, out_format=None, act_format="fp32", 
     # self.activation, which this flag does not change.
     for module in fused:
         module.activation_relu_or_gelu = 0
+    # An earlier emulate's forwards go first: a module now kept in float32 is float32 again.
+    for module in model.modules():
+        earlier = module.__dict__.get("forward")
+        if isinstance(earlier, functools.partial) and earlier.func in (_linear_forward, _conv2d_forward):
+            del module.forward
     for name, module in chosen:
         forward = _linear_forward if isinstance(module, nn.Linear) else _conv2d_forward
         module.forward = functools.partial(forward, module, _Layer(emulation, name))
