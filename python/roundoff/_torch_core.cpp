@@ -2,7 +2,7 @@
 // (python/roundoff/torch/). One GEMM of an emulated layer per call, on the tensors' own
 // memory (numpy views of torch tensors, float32 or float64, any strides): the operands
 // are read once into the unit's double buffers, rounded into its input format as roundoff.matmul rounds them
-// (rne; b200 with a block format: rows of A and columns of B quantised along k), the
+// (rne; a block format: rows of A and columns of B quantised along k), the
 // unit's gemm runs once on the whole product (so a multi-threaded gemm speeds every
 // layer up unchanged), and the result goes straight into the output tensor. Counted
 // flags come back per (unit operation, flag) with the first element; an enabled trap
@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "commands.hpp"
+#include "options.hpp"
 #include "emu/arith.hpp"
 #include "emu/block.hpp"
 #include "emu/block_mma.hpp"
@@ -32,6 +34,7 @@
 #include "emu/rng.hpp"
 #include "emu/round.hpp"
 #include "emu/unit.hpp"
+#include "emu/unit_request.hpp"
 
 namespace py = pybind11;
 
@@ -160,14 +163,25 @@ void in_scope(emu::Context& ctx, const std::string& scope, const std::string& op
   }
 }
 
-// An emulated layer's matrix unit and FP control: a unit of emu/unit.hpp, or b200's
-// block-scaled MMA with the block format its operands are quantised into.
+// What roundoff.torch.emulate calls the unit's fields, for resolve_unit's messages.
+constexpr emu::RequestLabels kEmulateLabels{"unit", "in_format", "out_format", "scale_rule", "fused"};
+
+// An emulated layer's matrix unit and FP control: the unit emu::resolve_unit makes of
+// the request, as for roundoff.matmul (a block format: b200's block-scaled MMA, or the
+// reference units on the dequantised values).
 class TorchUnit {
  public:
   TorchUnit(const std::string& unit, const std::optional<std::string>& in, const std::optional<std::string>& out,
-            const std::string& rounding, std::uint64_t sr_bits, const std::string& overflow, const std::string& tininess,
-            bool esr, const std::string& fp_exceptions) {
-    const emu::UnitKind kind = emu::unit_kind_by_name(unit);
+            const std::optional<std::string>& scale_rule, const std::string& rounding, std::uint64_t sr_bits,
+            const std::string& overflow, const std::string& tininess, bool esr, const std::string& fp_exceptions) {
+    using emu::cli::option_value;
+    emu::UnitRequest request;
+    request.unit = option_value(kEmulateLabels.unit, [&] { return emu::unit_kind_by_name(unit); });
+    if (in) request.in = option_value(kEmulateLabels.in, [&] { return emu::operand_format_by_name(*in); });
+    if (out) request.out = emu::cli::format_named(kEmulateLabels.out, *out);
+    if (scale_rule)
+      request.scale_rule = option_value(kEmulateLabels.scale_rule, [&] { return emu::scale_rule_by_name(*scale_rule); });
+    ready_ = emu::cli::usage_checked([&] { return emu::resolve_unit(request, kEmulateLabels); });
     control_.rounding = emu::rounding_by_name(rounding);
     control_.overflow = emu::overflow_by_name(overflow);
     control_.tininess = emu::tininess_by_name(tininess);
@@ -180,25 +194,16 @@ class TorchUnit {
       case emu::ExceptionMode::count: control_.counted = watched; break;
       case emu::ExceptionMode::trap: control_.traps = watched; break;
     }
-    if (in && emu::is_block_format_name(*in)) {
-      if (out && emu::format_by_name(*out) != emu::fp32())
-        throw std::invalid_argument("out_format " + *out + ": b200's block-scaled MMA gives fp32 output only");
-      block_format_ = &emu::block_format_by_name(*in);
-      block_unit_ = emu::make_block_mma_unit(kind, *block_format_, *block_format_);
-      block_spec_ = emu::default_block_spec(*block_format_);
-      return;
-    }
-    unit_ = emu::make_unit(kind, in ? std::optional(emu::format_by_name(*in)) : std::nullopt,
-                           out ? std::optional(emu::format_by_name(*out)) : std::nullopt);
   }
 
-  std::string output_format() const { return block_unit_ ? "fp32" : unit_->output_format().name(); }
-  std::string input_format() const { return block_unit_ ? block_format_->name() : unit_->input_format().name(); }
+  std::string output_format() const { return ready_.output_format().name(); }
+  std::string input_format() const { return ready_.in_name(); }
   int counted() const { return control_.counted; }
   int traps() const { return control_.traps; }
 
   // out = A B + C with C[i, j] = bias[j] (bias_axis 1) or bias[i] (0), zero without bias;
-  // as roundoff.matmul(A, B, C, unit=..., seed=seed). Returns (flags, counts).
+  // as roundoff.matmul(A, B, C, unit=..., seed=seed). Returns (flags, counts). An empty
+  // A (m = 0, an empty batch) or B (n = 0) gives an empty out.
   py::tuple gemm(const MatrixView& A, const MatrixView& B, const std::optional<py::array>& bias, int bias_axis,
                  const MatrixView& out, std::uint64_t seed, const std::string& scope, const std::string& op) const {
     const std::size_t m = A.rows(), k = A.cols(), n = B.cols();
@@ -213,18 +218,19 @@ class TorchUnit {
       if (bias_values.size() != (bias_axis == 1 ? n : m)) throw std::invalid_argument(scope + ": bias of the wrong length");
     }
     emu::Context ctx(control_, emu::Rng(emu::StreamId{seed}));
+    if (m == 0 || n == 0) return py::make_tuple(0, counts_of(ctx));  // no element: nothing to compute or raise
     std::vector<double>& c = scratch().c;
     c.assign(m * n, 0.0);
     emu::Flags input_flags = 0;
     {
       py::gil_scoped_release release;
       in_scope(ctx, scope, op, [&] {
-        const emu::Format& c_format = block_unit_ ? emu::fp32() : unit_->output_format();
+        const emu::Format& c_format = ready_.output_format();
         if (!bias_values.empty())
           for (std::size_t i = 0; i < m; ++i)
             for (std::size_t j = 0; j < n; ++j)
               c[i * n + j] = convert(ctx, c_format, bias_values[bias_axis == 1 ? j : i], input_flags);
-        if (block_unit_)
+        if (ready_.block)
           block_gemm(ctx, A, B, c, input_flags);
         else
           unit_gemm(ctx, A, B, c, input_flags);
@@ -235,15 +241,12 @@ class TorchUnit {
   }
 
  private:
-  // x rounded into f with rne as roundoff.matmul's inputs are (emu::cli::convert_input:
-  // overflow to inf, the context's tininess); a watched flag is raised into ctx (counted
-  // or trapped as "convert"), the others only into input_flags.
+  // x rounded into f as roundoff.matmul's inputs are (emu::cli::convert_input); a
+  // watched flag is raised into ctx (counted or trapped as "convert"), the others only
+  // into input_flags.
   double convert(emu::Context& ctx, const emu::Format& f, double x, emu::Flags& input_flags) const {
-    if (std::isfinite(x) && f.representable(x)) return x;
-    emu::RoundSpec spec;
-    spec.tininess = control_.tininess;
     emu::Flags flags = 0;
-    const double r = emu::round(f, emu::Exact{x}, spec, nullptr, flags);
+    const double r = emu::cli::convert_input(f, emu::Exact{x}, ctx, flags);
     input_flags |= flags;
     if (flags & (control_.counted | control_.traps)) ctx.raise_flags(flags, "convert", {x}, r);
     return r;
@@ -253,7 +256,7 @@ class TorchUnit {
   void unit_input(emu::Context& ctx, const MatrixView& v, std::vector<double>& values, emu::Flags& input_flags) const {
     values.resize(v.rows() * v.cols());
     v.read(values.data(), false);
-    const emu::Format& f = unit_->input_format();
+    const emu::Format& f = ready_.unit->input_format();
     for (std::size_t e = emu::NearestOps::first_not_value(f, values.data(), 0, values.size()); e < values.size(); ++e) {
       emu::ElementGuard element(ctx, static_cast<std::int64_t>(e));
       values[e] = convert(ctx, f, values[e], input_flags);
@@ -266,46 +269,41 @@ class TorchUnit {
     std::vector<double>&a = scratch().a, &b = scratch().b;
     unit_input(ctx, A, a, input_flags);
     unit_input(ctx, B, b, input_flags);
-    unit_->gemm(ctx, m, n, k, a.data(), k, b.data(), n, c.data(), n);
+    ready_.unit->gemm(ctx, m, n, k, a.data(), k, b.data(), n, c.data(), n);
   }
 
-  // As emu gemm --unit b200 --in FORMAT (emu::cli::block_gemm): A's rows and B's
-  // columns quantised along k (nvfp4: one tensor scale for each matrix), the MMA per
-  // element with nvfp4's epilogue.
+  // As roundoff.matmul with a block format (emu::cli::block_gemm): A's rows and B's
+  // columns quantised along k (ReadyUnit::quantize_operands), then the block-scaled MMA
+  // with nvfp4's epilogue, or the reference unit on the dequantised values. A watched
+  // flag of a row's (column's) quantisation is raised as "quantize" with its index.
   void block_gemm(emu::Context& ctx, const MatrixView& A, const MatrixView& B, std::vector<double>& c,
                   emu::Flags& input_flags) const {
     const std::size_t m = A.rows(), k = A.cols(), n = B.cols();
-    std::vector<double>&a = scratch().a, &bt = scratch().b;
+    std::vector<double>&a = scratch().a, &b = scratch().b;
     a.resize(m * k);
-    bt.resize(n * k);
+    b.resize(k * n);
     A.read(a.data(), false);
-    B.read(bt.data(), true);
-    auto quantize_along_k = [&](const std::vector<double>& values, std::size_t count) {
-      emu::BlockSpec spec = block_spec_;
-      if (block_format_->has_tensor_scale()) spec.tensor_scale = emu::default_tensor_scale(*block_format_, values);
-      std::vector<emu::BlockQuantized> q;
-      for (std::size_t i = 0; i < count; ++i) {
-        q.push_back(emu::quantize(*block_format_, std::span<const double>(values).subspan(i * k, k), spec, nullptr));
-        if (q.back().flags & (control_.counted | control_.traps)) {
+    B.read(b.data(), false);
+    const emu::QuantizedOperands q = ready_.quantize_operands(a, b, m, n, k);
+    for (const std::vector<emu::BlockQuantized>* operand : {&q.rows, &q.cols})
+      for (std::size_t i = 0; i < operand->size(); ++i) {
+        const emu::Flags flags = (*operand)[i].flags;
+        if (flags & (control_.counted | control_.traps)) {
           emu::ElementGuard element(ctx, static_cast<std::int64_t>(i));
-          ctx.raise_flags(q.back().flags, "quantize", {});
+          ctx.raise_flags(flags, "quantize", {});
         }
-        input_flags |= q.back().flags;
+        input_flags |= flags;
       }
-      return q;
-    };
-    const std::vector<emu::BlockQuantized> rows = quantize_along_k(a, m), cols = quantize_along_k(bt, n);
-    const emu::TensorScaleEpilogue epilogue = block_unit_->tensor_scale_epilogue(rows.front().tensor_scale,
-                                                                                 cols.front().tensor_scale);
-    input_flags |= epilogue.alpha_flags;
-    block_unit_->gemm(ctx, rows, cols, c.data(), n, epilogue);
+    if (ready_.mma) {
+      input_flags |= q.epilogue.alpha_flags;
+      ready_.mma->gemm(ctx, q.rows, q.cols, c.data(), n, q.epilogue);
+    } else {
+      ready_.unit->gemm(ctx, m, n, k, a.data(), k, b.data(), n, c.data(), n);
+    }
   }
 
   emu::FpControl control_;
-  std::unique_ptr<emu::MatrixUnit> unit_;
-  const emu::BlockFormat* block_format_ = nullptr;
-  std::unique_ptr<emu::BlockMmaUnit> block_unit_;
-  emu::BlockSpec block_spec_;
+  emu::ReadyUnit ready_;
 };
 
 // x (C-contiguous float32 or float64) rounded into `format` element by element into out
@@ -559,10 +557,10 @@ void bind_torch(py::module_& m) {
   py::module_& t = m;
   py::class_<MatrixView>(t, "MatrixView").def(py::init<const py::array&, bool, const char*>());
   py::class_<TorchUnit>(t, "TorchUnit")
-      .def(py::init<std::string, std::optional<std::string>, std::optional<std::string>, std::string, std::uint64_t,
-                    std::string, std::string, bool, std::string>(),
-           py::arg("unit"), py::arg("in_format"), py::arg("out_format"), py::arg("rounding"), py::arg("sr_bits"),
-           py::arg("overflow"), py::arg("tininess"), py::arg("esr"), py::arg("fp_exceptions"))
+      .def(py::init<std::string, std::optional<std::string>, std::optional<std::string>, std::optional<std::string>,
+                    std::string, std::uint64_t, std::string, std::string, bool, std::string>(),
+           py::arg("unit"), py::arg("in_format"), py::arg("out_format"), py::arg("scale_rule"), py::arg("rounding"),
+           py::arg("sr_bits"), py::arg("overflow"), py::arg("tininess"), py::arg("esr"), py::arg("fp_exceptions"))
       .def_property_readonly("input_format", &TorchUnit::input_format)
       .def_property_readonly("output_format", &TorchUnit::output_format)
       .def_property_readonly("counted", &TorchUnit::counted)

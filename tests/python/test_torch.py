@@ -81,17 +81,16 @@ def _matmul(A, B, C=None, **options):
     return np.asarray(value, dtype=np.float32)
 
 
-@pytest.mark.parametrize("unit,in_format", UNITS)
-def test_linear_gemms_equal_roundoff_matmul(unit, in_format):
+def _linear_gemms_against_matmul(unit, in_format, **unit_options):
     torch.manual_seed(1)
     layer = nn.Linear(40, 6)
     x = torch.randn(2, 3, 40, requires_grad=True)
     grad = torch.randn(2, 3, 6)
     rounding = "sr" if unit.startswith("ipu") else "rne"
-    rt.emulate(layer, unit=unit, in_format=in_format, rounding=rounding, seed=9)
+    rt.emulate(layer, unit=unit, in_format=in_format, rounding=rounding, seed=9, **unit_options)
     y = layer(x)
     y.backward(grad)
-    options = dict(unit=unit, in_format=in_format, rounding=rounding)
+    options = dict(unit=unit, in_format=in_format, rounding=rounding, **unit_options)
     seed = lambda op: rt.layer_seed(9, "", op, 0)  # noqa: E731
     x2, g2, w = x.detach().reshape(6, 40).numpy(), grad.reshape(6, 6).numpy(), layer.weight.detach().numpy()
     C = np.broadcast_to(layer.bias.detach().numpy(), (6, 6))
@@ -100,6 +99,30 @@ def test_linear_gemms_equal_roundoff_matmul(unit, in_format):
     np.testing.assert_array_equal(x.grad.reshape(6, 40).numpy(), _matmul(g2, w, seed=seed("backward.input"), **options))
     np.testing.assert_array_equal(layer.weight.grad.numpy(), _matmul(g2.T, x2, seed=seed("backward.weight"), **options))
     assert torch.equal(layer.bias.grad, grad.reshape(6, 6).sum(0))  # float32, as torch sums it
+
+
+@pytest.mark.parametrize("unit,in_format", UNITS)
+def test_linear_gemms_equal_roundoff_matmul(unit, in_format):
+    _linear_gemms_against_matmul(unit, in_format)
+
+
+# A reference unit on a block format's dequantised values; scale rules ("up" is not
+# nvfp4's default, so a rule left out would show).
+@pytest.mark.parametrize("unit,in_format,scale_rule", [
+    ("exact", "mxfp8-e4m3", None), ("fp16-seq", "mxfp4-e2m1", "even"), ("fp32-seq", "nvfp4", None),
+    ("b200", "nvfp4", "nearest"), ("b200", "nvfp4", "up")])
+def test_block_formats_and_scale_rules_equal_roundoff_matmul(unit, in_format, scale_rule):
+    _linear_gemms_against_matmul(unit, in_format, scale_rule=scale_rule)
+
+
+@pytest.mark.parametrize("unit,in_format", [("h100", None), ("exact", "mxfp8-e4m3"), ("b200", "nvfp4")])
+def test_an_empty_batch_gives_empty_outputs_and_gradients(unit, in_format):
+    layer = rt.emulate(nn.Linear(40, 6), unit=unit, in_format=in_format)
+    x = torch.randn(0, 40, requires_grad=True)
+    y = layer(x)
+    y.backward(torch.ones(0, 6))
+    assert y.shape == (0, 6) and x.grad.shape == (0, 40)
+    assert torch.equal(layer.weight.grad, torch.zeros(6, 40)) and torch.equal(layer.bias.grad, torch.zeros(6))
 
 
 CONVS = [dict(stride=1, padding=0), dict(stride=2, padding=1, dilation=2), dict(stride=(1, 2), padding=(2, 0)),
@@ -267,6 +290,16 @@ def test_round_output_rounds_any_module():
 
 
 # ---- bad input ------------------------------------------------------------------------
+
+def test_an_unknown_unit_is_named_as_roundoff_matmul_names_it():
+    with pytest.raises(ValueError) as ours:
+        rt.emulate(nn.Linear(2, 2), unit="h1000")
+    with pytest.raises(ValueError) as theirs:
+        roundoff.matmul(np.ones((2, 2)), np.ones((2, 2)), unit="h1000")
+    # The message of roundoff.matmul, with the keyword for the calculator's option.
+    assert str(theirs.value).replace("--unit", "unit") in str(ours.value)
+    assert "--unit" not in str(ours.value)
+
 
 def test_bad_input_names_the_module_and_option():
     with pytest.raises(ValueError, match="unit='h1000'"):

@@ -22,8 +22,9 @@ unfold orders it: input channel, then kernel row, then kernel column (the order 
 a tensor core's bits). A convolution's GEMM takes the whole batch at once: its columns
 are (image, output position) and the backward.weight's k is (image, output position).
 With groups > 1 each group is its own GEMM. The operands are rounded into the unit's
-input format with rne (b200 with a block format: A's rows and B's columns quantised
-along k, nvfp4 with one tensor scale per matrix), the bias into its output format.
+input format with rne (a block format: A's rows and B's columns quantised along k, nvfp4
+with one tensor scale per matrix, as roundoff.matmul quantises them), the bias into its
+output format.
 
 Stays in the tensor's dtype (float32): the bias gradient (a sum over the batch),
 fold's sum of overlapping windows in backward.input (added in float64, rounded once to

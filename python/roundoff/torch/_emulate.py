@@ -45,26 +45,26 @@ def _format(value, name):
 class _Emulation:
     """The settings of one emulate() call and the exceptions counted under it."""
 
-    def __init__(self, unit, in_format, out_format, act_format, grad_format, rounding, act_rounding, grad_rounding,
-                 seed, sr_bits, esr, overflow, tininess, fp_exceptions):
-        if _text(unit, "unit") not in roundoff.units():
-            raise ValueError(f"emulate: unit={unit!r} is not a unit ({' '.join(roundoff.units())})")
+    def __init__(self, unit, in_format, out_format, scale_rule, act_format, grad_format, rounding, act_rounding,
+                 grad_rounding, seed, sr_bits, esr, overflow, tininess, fp_exceptions):
         if _text(fp_exceptions, "fp_exceptions") not in _FP_EXCEPTIONS:
             raise ValueError(f"emulate: fp_exceptions={fp_exceptions!r}: expected one of {', '.join(_FP_EXCEPTIONS)}")
-        for value, name in ((in_format, "in_format"), (out_format, "out_format")):
-            if value is not None and _text(value, name) not in roundoff.block_formats():
-                _format(value, name)
+        for value, name in ((in_format, "in_format"), (out_format, "out_format"), (scale_rule, "scale_rule")):
+            if value is not None:
+                _text(value, name)
         for value, name in ((seed, "seed"), (sr_bits, "sr_bits")):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise TypeError(f"emulate: {name} must be a non-negative int, not {value!r}")
         if not isinstance(esr, bool):
             raise TypeError(f"emulate: esr must be a bool, not {type(esr).__name__}")
         try:
-            self.unit = _core.TorchUnit(unit, in_format, out_format, _text(rounding, "rounding"), sr_bits,
-                                         _text(overflow, "overflow"), _text(tininess, "tininess"), esr, fp_exceptions)
+            self.unit = _core.TorchUnit(_text(unit, "unit"), in_format, out_format, scale_rule,
+                                         _text(rounding, "rounding"), sr_bits, _text(overflow, "overflow"),
+                                         _text(tininess, "tininess"), esr, fp_exceptions)
         except ValueError as error:
             raise ValueError(f"emulate: unit={unit!r} (in_format={in_format!r}, out_format={out_format!r}, "
-                             f"rounding={rounding!r}, overflow={overflow!r}, tininess={tininess!r}): {error}") from None
+                             f"scale_rule={scale_rule!r}, rounding={rounding!r}, overflow={overflow!r}, "
+                             f"tininess={tininess!r}): {error}") from None
         for value, name in ((act_rounding, "act_rounding"), (grad_rounding, "grad_rounding")):
             if _text(value, name) not in ("rne", "rna", "rz", "ru", "rd", "ro", "sr"):
                 raise ValueError(f"emulate: {name}={value!r}: expected rne rna rz ru rd ro sr")
@@ -249,15 +249,16 @@ def _kept(name, module, keep_float32):
                for k in keep_float32)
 
 
-def emulate(model, unit, *, in_format=None, out_format=None, act_format="fp32", grad_format="fp32",
-            rounding="rne", act_rounding="rne", grad_rounding="rne", seed=0, sr_bits=0, esr=False, overflow="inf",
-            tininess="before", fp_exceptions="off", keep_float32=()):
+def emulate(model, unit, *, in_format=None, out_format=None, scale_rule=None, act_format="fp32",
+            grad_format="fp32", rounding="rne", act_rounding="rne", grad_rounding="rne", seed=0, sr_bits=0, esr=False,
+            overflow="inf", tininess="before", fp_exceptions="off", keep_float32=()):
     """Runs every nn.Linear and nn.Conv2d of `model` through `unit`; returns `model` itself.
 
-    unit, in_format, out_format, rounding, sr_bits, overflow, tininess: as roundoff.matmul
-    (in_format a block format for b200); esr: $FP_CTL.ESR (the IPU's stochastic rounding
-    of its fp16 roundings: ipu-amp-half's partials; ipu-amp's fp32 partials round to
-    nearest, as the hardware's do). act_format/act_rounding: each emulated module's output rounded
+    unit, in_format, out_format, scale_rule, rounding, sr_bits, overflow, tininess: as
+    roundoff.matmul (in_format a block format: b200's block-scaled MMA, or the reference
+    units exact, fp32-seq and fp16-seq on its dequantised values); esr: $FP_CTL.ESR (the
+    IPU's stochastic rounding of its fp16 roundings: ipu-amp-half's partials; ipu-amp's
+    fp32 partials round to nearest, as the hardware's do). act_format/act_rounding: each emulated module's output rounded
     into it; grad_format/grad_rounding: the gradient each passes back; sr_bits,
     overflow and tininess apply to those roundings too. seed: see roundoff.torch.
     fp_exceptions: "off", "count" (exception_table) or "trap" (FloatingPointTrap).
@@ -269,8 +270,8 @@ def emulate(model, unit, *, in_format=None, out_format=None, act_format="fp32", 
         raise TypeError(f"emulate: model must be a torch.nn.Module, not {type(model).__name__}")
     if not isinstance(keep_float32, (tuple, list, set)):
         keep_float32 = (keep_float32,)
-    emulation = _Emulation(unit, in_format, out_format, act_format, grad_format, rounding, act_rounding,
-                           grad_rounding, seed, sr_bits, esr, overflow, tininess, fp_exceptions)
+    emulation = _Emulation(unit, in_format, out_format, scale_rule, act_format, grad_format, rounding,
+                           act_rounding, grad_rounding, seed, sr_bits, esr, overflow, tininess, fp_exceptions)
     kept, chosen, fused = [], [], []
     for name, module in model.named_modules():
         if any(name == k or name.startswith(k + ".") for k in kept):
