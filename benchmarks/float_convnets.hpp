@@ -35,10 +35,13 @@ inline void gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a
 #endif
 }
 
-// OpenBLAS on one thread, as the emulated models (and thread CPU time) assume.
-inline void use_one_thread() {
+// OpenBLAS on `threads` threads: one, as the emulated models' single-thread figures
+// (and thread CPU time) assume, or as many as the emulated run is given.
+inline void use_threads(int threads) {
 #ifdef ROUNDOFF_HAVE_OPENBLAS
-  openblas_set_num_threads(1);
+  openblas_set_num_threads(threads);
+#else
+  (void)threads;
 #endif
 }
 

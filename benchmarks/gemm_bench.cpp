@@ -209,7 +209,10 @@ int main(int argc, char** argv) {
 #endif
   }
 #ifdef ROUNDOFF_HAVE_OPENBLAS
-  std::printf("sgemm from%s(threads in use: %d)\n", OPENBLAS_VERSION, openblas_get_num_threads());
+  // The kernel OpenBLAS chose for this CPU (its DYNAMIC_ARCH build picks one at run time;
+  // a CPU it does not recognise gets a generic one, several times slower).
+  std::printf("sgemm from%s(threads in use: %d, kernel for %s)\n", OPENBLAS_VERSION, openblas_get_num_threads(),
+              openblas_get_corename());
 #else
   std::printf("OpenBLAS sgemm: not measured (built without OpenBLAS: install libopenblas-dev, scripts/setup)\n");
 #endif
