@@ -63,7 +63,8 @@ namespace {
 
 // Mixed inputs A:B: the units that take them (mi300x's fp8 with bf8), the others refuse.
 std::unique_ptr<MatrixUnit> mixed_unit(const UnitRequest& r, const RequestLabels& labels) {
-  const std::string where = field(labels.in, r.in->name()) + " on " + field(labels.unit, unit_kind_name(r.unit)) + ": ";
+  const std::string where = field(labels.in, r.in->name()) + (r.out ? ", " + field(labels.out, r.out->name()) : "") +
+                            " on " + field(labels.unit, unit_kind_name(r.unit)) + ": ";
   if (!takes_mixed_inputs(r.unit)) {
     std::vector<std::string> mixing;
     for (const Named<UnitKind>& row : unit_table()) {
