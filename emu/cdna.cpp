@@ -314,7 +314,7 @@ std::unique_ptr<MatrixUnit> make_cdna_unit(UnitKind unit, std::optional<Format> 
   Format input = in.value_or(fp16());
   Format output = out.value_or(same_layout(input, fp64()) ? fp64() : fp32());
   const CdnaParams params = cdna_params(unit, input, output);
-  return make_cdna_unit(unit, input, std::move(input), std::move(output), params);
+  return make_cdna_unit(unit, input, input, std::move(output), params);
 }
 
 std::unique_ptr<MatrixUnit> make_cdna_unit(UnitKind unit, Format a, Format b, std::optional<Format> out) {

@@ -854,6 +854,9 @@ for args, needles in [(["--unit", "h100", "--in", "fp8-e4m3fnuz:fp8-e5m2fnuz"], 
     rc, out, err = emu("dot", *args, "--a", "1", "--b", "1")
     check(rc == 2 and len(err.strip().splitlines()) == 1 and all(n in err for n in needles),
           f"emu dot {args}: exit {rc}, stderr {err!r}")
+for fmt in ["fp16", "bf16", "tf32", "fp8-e4m3fnuz", "fp8-e5m2fnuz", "fp32"]:  # one format: named alone
+    [r] = emu_json("dot", "--unit", "mi300x", "--in", fmt, "--a", "1", "--b", "1")
+    check(r["in"] == fmt and r["value"] == 1, f"dot --unit mi300x --in {fmt}: {r}")
 rc, out, _ = emu("dot", "--help")
 check(rc == 0 and "mi300x  fp8-e4m3fnuz:fp8-e5m2fnuz fp8-e5m2fnuz:fp8-e4m3fnuz" in out,
       "dot --help lists the mixed inputs each unit takes")
