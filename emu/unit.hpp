@@ -57,8 +57,8 @@ class MatrixUnit {
 
   // c + sum_{i<k} a[i*sa] * b[i*sb] as the unit computes it. a holds values of
   // input_format(), b of b_input_format() (round them first), c a value of
-  // output_format(). Rounding, overflow
-  // policy, esr and traps come from ctx, which also collects the status flags.
+  // output_format(). Rounding, overflow policy, esr and traps come from ctx, which also
+  // collects the status flags.
   virtual double dot(Context& ctx, std::size_t k, const double* a, std::size_t sa, const double* b,
                      std::size_t sb, double c) const = 0;
 

@@ -28,8 +28,8 @@ struct OperandFormat {
 // Throws std::invalid_argument naming both kinds of format.
 OperandFormat operand_format_by_name(std::string_view name);
 
-// A matrix unit's input formats, named at every front end (emu's --in, a sweep's
-// in_format, Python's in= and in_format=) in one of two ways:
+// A matrix unit's input formats, named at every front end (emu's --in, matmul_accum's
+// in_format, roundoff.matmul's and roundoff.torch.emulate's in_format=) in one of two ways:
 //   FORMAT  A's and B's: a scalar or a block format (operand_format_by_name);
 //   A:B     mixed inputs, two different scalar formats, A's then B's: mi300x's
 //           fp8-e4m3fnuz:fp8-e5m2fnuz (v_mfma_f32_16x16x32_fp8_bf8) and the reverse.
