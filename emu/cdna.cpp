@@ -60,8 +60,8 @@ double truncate_to_tf32(double x) {
 
 class CdnaUnit final : public MatrixUnit {
  public:
-  CdnaUnit(UnitKind kind, Format in, Format out, CdnaParams params)
-      : kind_(kind), in_(std::move(in)), out_(std::move(out)), params_(params) {
+  CdnaUnit(UnitKind kind, Format in, Format in_b, Format out, CdnaParams params)
+      : kind_(kind), in_(std::move(in)), in_b_(std::move(in_b)), out_(std::move(out)), params_(params) {
     if (params_.group_size < 1 || params_.group_size > kMaxGroup)
       throw std::invalid_argument("AMD MFMA: the group size must be 1.." + std::to_string(kMaxGroup));
     for (int bits : {params_.kept_fraction_bits, params_.sum_fraction_bits, params_.c_fraction_bits})
@@ -72,6 +72,7 @@ class CdnaUnit final : public MatrixUnit {
 
   UnitKind kind() const override { return kind_; }
   const Format& input_format() const override { return in_; }
+  const Format& b_input_format() const override { return in_b_; }
   const Format& output_format() const override { return out_; }
 
   double dot(Context& ctx, std::size_t k, const double* a, std::size_t sa, const double* b, std::size_t sb,
@@ -83,8 +84,8 @@ class CdnaUnit final : public MatrixUnit {
     for (std::size_t first = 0; first < k; first += group) {
       const std::size_t n = std::min(group, k - first);
       for (std::size_t i = 0; i < n; ++i) {
-        x[i] = operand(a[(first + i) * sa]);
-        y[i] = operand(b[(first + i) * sb]);
+        x[i] = operand(a[(first + i) * sa], in_);
+        y[i] = operand(b[(first + i) * sb], in_b_);
       }
       switch (params_.path) {
         case CdnaPath::fma_chain:
@@ -98,19 +99,19 @@ class CdnaUnit final : public MatrixUnit {
   }
 
  private:
-  // An input as the datapath takes it: checked against the input format (xf32 takes any
-  // fp32 value and truncates it), flushed where the datapath flushes.
-  double operand(double v) const {
+  // An input as the datapath takes it: checked against its operand's format f (xf32
+  // takes any fp32 value and truncates it), flushed where the datapath flushes.
+  double operand(double v, const Format& f) const {
     if (params_.truncate_to_tf32) {
       if (std::isfinite(v) && !fp32().representable(v))
         throw std::invalid_argument(unit_kind_name(kind_) + std::string(": ") + std::to_string(v) +
                                     " is not an fp32 value");
       return truncate_to_tf32(v);
     }
-    if (std::isfinite(v) && !in_.representable(v))
+    if (std::isfinite(v) && !f.representable(v))
       throw std::invalid_argument(unit_kind_name(kind_) + std::string(": ") + std::to_string(v) + " is not an " +
-                                  in_.name() + " value");
-    return params_.flush_subnormals ? flush_input(v, in_) : v;
+                                  f.name() + " value");
+    return params_.flush_subnormals ? flush_input(v, f) : v;
   }
 
   // Pairwise step 1: a subnormal input (or a zero of either sign) becomes +0.
@@ -156,10 +157,10 @@ class CdnaUnit final : public MatrixUnit {
   static constexpr int kNone = std::numeric_limits<int>::min() / 2;
   std::int64_t cut_sum(const double* x, const double* y, std::size_t n, std::size_t first, std::size_t step, int& exp,
                        bool& lost) const {
-    const int emin = in_.emin();
+    const int emin_a = in_.emin(), emin_b = in_b_.emin();
     exp = kNone;
     for (std::size_t i = first; i < n; i += step)
-      if (x[i] != 0 && y[i] != 0) exp = std::max(exp, aligned_exponent(x[i], emin) + aligned_exponent(y[i], emin));
+      if (x[i] != 0 && y[i] != 0) exp = std::max(exp, aligned_exponent(x[i], emin_a) + aligned_exponent(y[i], emin_b));
     if (exp == kNone) return 0;
     std::int64_t sum = 0;
     for (std::size_t i = first; i < n; i += step) {
@@ -231,7 +232,7 @@ class CdnaUnit final : public MatrixUnit {
   }
 
   UnitKind kind_;
-  Format in_, out_;
+  Format in_, in_b_, out_;  // A's, B's (in_ but for mixed inputs), the output's
   CdnaParams params_;
 };
 
@@ -257,6 +258,8 @@ CdnaParams pairwise_params(int instruction_k, int group_size, bool flush) {
 bool is_cdna_unit(UnitKind unit) {
   return unit == UnitKind::mi100 || unit == UnitKind::mi250x || unit == UnitKind::mi300x;
 }
+
+bool takes_mixed_inputs(UnitKind unit) { return unit == UnitKind::mi300x; }
 
 CdnaParams cdna_params(UnitKind unit, const Format& in, const Format& out) {
   if (!is_cdna_unit(unit))
@@ -290,15 +293,35 @@ CdnaParams cdna_params(UnitKind unit, const Format& in, const Format& out) {
   return p;
 }
 
-std::unique_ptr<MatrixUnit> make_cdna_unit(UnitKind unit, Format in, Format out, CdnaParams params) {
-  return std::make_unique<CdnaUnit>(unit, std::move(in), std::move(out), params);
+CdnaParams cdna_params(UnitKind unit, const Format& a, const Format& b, const Format& out) {
+  if (same_layout(a, b)) return cdna_params(unit, a, out);
+  const std::string name = unit_kind_name(unit);
+  if (!takes_mixed_inputs(unit))
+    throw std::invalid_argument(name + " matrix cores take one input format for A and B");
+  const bool e4m3_a = same_layout(a, fp8_e4m3fnuz()), e5m2_a = same_layout(a, fp8_e5m2fnuz());
+  const bool e4m3_b = same_layout(b, fp8_e4m3fnuz()), e5m2_b = same_layout(b, fp8_e5m2fnuz());
+  if (!((e4m3_a && e5m2_b) || (e5m2_a && e4m3_b)))
+    throw std::invalid_argument(name + " matrix cores mix fp8-e4m3fnuz with fp8-e5m2fnuz only (either as A), not " +
+                                a.name() + " with " + b.name());
+  return cdna_params(unit, a, out);  // the fp8 path: one decoder per operand (CdnaUnit)
+}
+
+std::unique_ptr<MatrixUnit> make_cdna_unit(UnitKind unit, Format in, Format in_b, Format out, CdnaParams params) {
+  return std::make_unique<CdnaUnit>(unit, std::move(in), std::move(in_b), std::move(out), params);
 }
 
 std::unique_ptr<MatrixUnit> make_cdna_unit(UnitKind unit, std::optional<Format> in, std::optional<Format> out) {
   Format input = in.value_or(fp16());
   Format output = out.value_or(same_layout(input, fp64()) ? fp64() : fp32());
   const CdnaParams params = cdna_params(unit, input, output);
-  return make_cdna_unit(unit, std::move(input), std::move(output), params);
+  return make_cdna_unit(unit, input, input, std::move(output), params);
+}
+
+std::unique_ptr<MatrixUnit> make_cdna_unit(UnitKind unit, Format a, Format b, std::optional<Format> out) {
+  if (same_layout(a, b)) return make_cdna_unit(unit, std::optional<Format>(std::move(a)), out);
+  Format output = out.value_or(fp32());
+  const CdnaParams params = cdna_params(unit, a, b, output);
+  return make_cdna_unit(unit, std::move(a), std::move(b), std::move(output), params);
 }
 
 }  // namespace emu

@@ -23,6 +23,8 @@
 //          groups of 8), tf32 (`--in tf32`) v_mfma_f32_16x16x8_xf32 (fused, groups of 4,
 //          inputs truncated to tf32), fp8-e4m3fnuz and fp8-e5m2fnuz
 //          v_mfma_f32_16x16x32_fp8_fp8 / _bf8_bf8 (fused, groups of 16 in two halves),
+//          mixed: A fp8-e4m3fnuz with B fp8-e5m2fnuz v_mfma_f32_16x16x32_fp8_bf8 and
+//          the reverse _bf8_fp8 (the same path; each factor decoded in its own format),
 //          fp32 v_mfma_f32_16x16x4_f32 and fp64 v_mfma_f64_16x16x4_f64 (fma chains).
 // Output fp32 (fp64 for fp64). All roundings below are to nearest even, whatever the
 // context's rounding (MFMA has no rounding mode); overflow, tininess, flags and traps are
@@ -40,7 +42,8 @@
 // Fused (CDNA3), per group of g products (8; 4 for xf32; 16 for fp8) in index order:
 //  1. xf32: a_i and b_i are first truncated to tf32 (their 13 low fraction bits cleared).
 //  2. Products are exact: exponent e_a + e_b (each the factor's, clamped at its format's
-//     emin), significand in [0, 4). Zero products take no part (see below).
+//     emin: A's and B's own with mixed fp8), significand in [0, 4). Zero products take
+//     no part (see below).
 //  3. E is the largest product exponent; every product is truncated toward zero
 //     (sign-magnitude) to a multiple of 2^(E - 24) and the cut products are added
 //     exactly into S. fp8: the even-indexed and the odd-indexed products of the group
@@ -90,8 +93,13 @@
 //    validated on hardware, while its code models three (CDNA1-3); which two, the
 //    sources read here do not say. Its CDNA1 model is the CDNA2 one without the flush,
 //    with bf16 groups of 2 (the pre-_1k bf16 instructions).
-//  - Mixed fp8 inputs (fp8 with bf8) take the same path; a unit here has one input
-//    format, so they are not offered.
+//  - Mixed fp8 inputs (fp8 with bf8): MMA-Sim's isa/amd_mfma.py lists
+//    v_mfma_f32_16x16x32_fp8_bf8 and _bf8_fp8 and parses A's and B's types apart (the
+//    first named is A's, as LLVM/MLIR's AMDGPU lowering picks _fp8_bf8 for A in
+//    E4M3FNUZ and B in E5M2FNUZ); its amd.py runs every fp8 qualifier through the one
+//    fused path, each operand decoded in its own type. Nothing says more, so they are
+//    the fp8 path here, A's factors clamped at its format's emin (e4m3fnuz -7, e5m2fnuz
+//    -15) and B's at its own.
 //  - xf32's truncation: the front ends round operands into --in tf32 first, after which
 //    the truncation changes nothing; given fp32 values (the C++ API's dot), the unit
 //    truncates them as the hardware does.
@@ -124,14 +132,23 @@ struct CdnaParams {
 // The parameters of an AMD unit (mi100, mi250x, mi300x) for an input format (output fp32,
 // fp64 for fp64). Throws std::invalid_argument naming the unit and the formats it takes.
 CdnaParams cdna_params(UnitKind unit, const Format& in, const Format& out);
+// For A in format a and B in format b: the one-format parameters where a and b agree;
+// mixed, mi300x's fp8 path for fp8-e4m3fnuz with fp8-e5m2fnuz either way round. Throws
+// std::invalid_argument naming the unit and the mixed inputs it takes.
+CdnaParams cdna_params(UnitKind unit, const Format& a, const Format& b, const Format& out);
 
 // True for mi100, mi250x and mi300x.
 bool is_cdna_unit(UnitKind unit);
+// True for the units whose A and B may take different formats (mi300x).
+bool takes_mixed_inputs(UnitKind unit);
 
-// The unit with explicit parameters (tests and experiments vary them); throws
-// std::invalid_argument for group sizes outside 1..64 or kept bits outside 1..40.
-std::unique_ptr<MatrixUnit> make_cdna_unit(UnitKind unit, Format in, Format out, CdnaParams params);
+// The unit with explicit parameters (tests and experiments vary them), A in `in` and B
+// in `in_b`; throws std::invalid_argument for group sizes outside 1..64 or kept bits
+// outside 1..40.
+std::unique_ptr<MatrixUnit> make_cdna_unit(UnitKind unit, Format in, Format in_b, Format out, CdnaParams params);
 // The preset: in defaults to fp16, out to fp32 (fp64 for fp64 in).
 std::unique_ptr<MatrixUnit> make_cdna_unit(UnitKind unit, std::optional<Format> in, std::optional<Format> out);
+// The preset with mixed inputs, A in a and B in b (cdna_params); out defaults to fp32.
+std::unique_ptr<MatrixUnit> make_cdna_unit(UnitKind unit, Format a, Format b, std::optional<Format> out);
 
 }  // namespace emu

@@ -49,12 +49,16 @@ class MatrixUnit {
  public:
   virtual ~MatrixUnit() = default;
   virtual UnitKind kind() const = 0;
-  virtual const Format& input_format() const = 0;
+  virtual const Format& input_format() const = 0;  // A's (and B's, but for mixed inputs)
+  // B's input format: input_format() but on a unit with mixed inputs (mi300x's fp8 with
+  // bf8, emu/cdna.hpp), whose A and B take different formats.
+  virtual const Format& b_input_format() const { return input_format(); }
   virtual const Format& output_format() const = 0;
 
-  // c + sum_{i<k} a[i*sa] * b[i*sb] as the unit computes it. a and b hold values of
-  // input_format() (round them first), c a value of output_format(). Rounding, overflow
-  // policy, esr and traps come from ctx, which also collects the status flags.
+  // c + sum_{i<k} a[i*sa] * b[i*sb] as the unit computes it. a holds values of
+  // input_format(), b of b_input_format() (round them first), c a value of
+  // output_format(). Rounding, overflow policy, esr and traps come from ctx, which also
+  // collects the status flags.
   virtual double dot(Context& ctx, std::size_t k, const double* a, std::size_t sa, const double* b,
                      std::size_t sb, double c) const = 0;
 

@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include "cdna.hpp"
+
 namespace emu {
 
 namespace {
@@ -38,6 +40,48 @@ std::string unfused_refused(const UnitRequest& r, const RequestLabels& labels) {
 
 bool is_sequential(UnitKind k) { return k == UnitKind::fp32_seq || k == UnitKind::fp16_seq; }
 
+constexpr char kMixedSeparator = ':';  // A:B
+
+}  // namespace
+
+std::vector<std::string> mixed_input_names(UnitKind unit) {
+  std::vector<std::string> names;
+  if (!takes_mixed_inputs(unit)) return names;
+  for (const auto& a : format_table())
+    for (const auto& b : format_table()) {
+      if (a.value() == b.value()) continue;
+      try {
+        (void)cdna_params(unit, a.value(), b.value(), fp32());
+        names.push_back(unit_input_name(a.value(), b.value()));
+      } catch (const std::invalid_argument&) {
+      }
+    }
+  return names;
+}
+
+namespace {
+
+// Mixed inputs A:B: the units that take them (mi300x's fp8 with bf8), the others refuse.
+std::unique_ptr<MatrixUnit> mixed_unit(const UnitRequest& r, const RequestLabels& labels) {
+  const std::string where = field(labels.in, r.in->name()) + (r.out ? ", " + field(labels.out, r.out->name()) : "") +
+                            " on " + field(labels.unit, unit_kind_name(r.unit)) + ": ";
+  if (!takes_mixed_inputs(r.unit)) {
+    std::vector<std::string> mixing;
+    for (const Named<UnitKind>& row : unit_table()) {
+      std::vector<std::string> names = mixed_input_names(row.value);
+      if (!names.empty()) mixing.push_back(std::string(row.name) + " (" + listed(names) + ")");
+    }
+    throw std::invalid_argument(where + "mixed inputs (A:B) are taken by " + listed(mixing) + " only; " +
+                                unit_kind_name(r.unit) + " takes one input format for A and B");
+  }
+  if (!r.fused) throw std::invalid_argument(unfused_refused(r, labels));
+  try {
+    return make_cdna_unit(r.unit, *r.in->a.scalar, *r.in->b, r.out);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(where + e.what());
+  }
+}
+
 }  // namespace
 
 ScaleRule scale_rule_for(const BlockFormat& f, std::optional<ScaleRule> rule, std::string_view label) {
@@ -62,10 +106,41 @@ OperandFormat operand_format_by_name(std::string_view name) {
   return f;
 }
 
+std::string unit_input_name(const Format& a, const Format& b) {
+  return a == b ? a.name() : a.name() + kMixedSeparator + b.name();
+}
+
+std::string UnitInput::name() const { return b ? unit_input_name(*a.scalar, *b) : a.name(); }
+
+UnitInput unit_input_by_name(std::string_view name) {
+  const std::size_t separator = name.find(kMixedSeparator);
+  if (separator == std::string_view::npos) return {operand_format_by_name(name), std::nullopt};
+  const std::string spelled(name);
+  const std::string_view a_name = name.substr(0, separator), b_name = name.substr(separator + 1);
+  if (b_name.find(kMixedSeparator) != std::string_view::npos)
+    throw std::invalid_argument("'" + spelled + "': A:B names two formats, A's and B's");
+  auto side = [&](std::string_view side_name, const char* which) {
+    try {
+      return operand_format_by_name(side_name);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string(which) + " of '" + spelled + "': " + e.what());
+    }
+  };
+  UnitInput in{side(a_name, "A"), std::nullopt};
+  const OperandFormat b = side(b_name, "B");
+  if (in.a.block || b.block)
+    throw std::invalid_argument("'" + spelled + "': A:B (mixed inputs) takes two scalar formats; a block format (" +
+                                (in.a.block ? in.a.name() : b.name()) + ") stands alone, for A and B");
+  if (*in.a.scalar == *b.scalar)
+    throw std::invalid_argument("'" + spelled + "': A and B take one format: write it " + in.a.name());
+  in.b = *b.scalar;
+  return in;
+}
+
 ReadyUnit resolve_unit(const UnitRequest& r, const RequestLabels& labels) {
   ReadyUnit ready;
   ready.kind = r.unit;
-  const BlockFormat* block = r.in ? r.in->block : nullptr;
+  const BlockFormat* block = r.in ? r.in->a.block : nullptr;
   if (!block && r.scale_rule)
     throw std::invalid_argument(std::string(labels.scale_rule) + ": only with a block format (" +
                                 std::string(labels.in) + " mxfp8-e4m3, nvfp4, ...)");
@@ -89,8 +164,12 @@ ReadyUnit resolve_unit(const UnitRequest& r, const RequestLabels& labels) {
     }
     return ready;
   }
+  if (r.in && r.in->b) {
+    ready.unit = mixed_unit(r, labels);
+    return ready;
+  }
   // The dequantised values of a block format need not lie in any scalar format.
-  const std::optional<Format> in = block ? std::optional<Format>(fp64()) : r.in ? r.in->scalar : std::nullopt;
+  const std::optional<Format> in = block ? std::optional<Format>(fp64()) : r.in ? r.in->a.scalar : std::nullopt;
   if (!r.fused && !is_sequential(r.unit)) throw std::invalid_argument(unfused_refused(r, labels));
   try {
     ready.unit = is_sequential(r.unit) ? make_sequential_unit(r.unit, r.fused, in, r.out) : make_unit(r.unit, in, r.out);

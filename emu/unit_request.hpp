@@ -28,13 +28,32 @@ struct OperandFormat {
 // Throws std::invalid_argument naming both kinds of format.
 OperandFormat operand_format_by_name(std::string_view name);
 
+// A matrix unit's input formats, named at every front end (emu's --in, matmul_accum's
+// in_format, roundoff.matmul's and roundoff.torch.emulate's in_format=) in one of two ways:
+//   FORMAT  A's and B's: a scalar or a block format (operand_format_by_name);
+//   A:B     mixed inputs, two different scalar formats, A's then B's: mi300x's
+//           fp8-e4m3fnuz:fp8-e5m2fnuz (v_mfma_f32_16x16x32_fp8_bf8) and the reverse.
+struct UnitInput {
+  OperandFormat a;          // A's format (and B's where b is unset)
+  std::optional<Format> b;  // B's, where it differs from A's
+  std::string name() const;  // "fp16", "fp8-e4m3fnuz:fp8-e5m2fnuz"
+};
+// Throws std::invalid_argument for an unknown format (as operand_format_by_name), a block
+// format in A:B, the same format twice, or more than two names.
+UnitInput unit_input_by_name(std::string_view name);
+// "A" where a and b are one format, else "A:B": the name of a unit's input formats.
+std::string unit_input_name(const Format& a, const Format& b);
+// The mixed inputs A:B that `unit` takes, among the preset formats (format_table), by
+// name: none for most units; mi300x fp8-e4m3fnuz:fp8-e5m2fnuz fp8-e5m2fnuz:fp8-e4m3fnuz.
+std::vector<std::string> mixed_input_names(UnitKind unit);
+
 // `rule` where f accepts it, else f's default rule; throws std::invalid_argument
 // "LABEL RULE: F's SCALE scale is not a power of two (take up or nearest)".
 ScaleRule scale_rule_for(const BlockFormat& f, std::optional<ScaleRule> rule, std::string_view label);
 
 struct UnitRequest {
   UnitKind unit = UnitKind::exact;
-  std::optional<OperandFormat> in;      // unset: the unit's natural input format
+  std::optional<UnitInput> in;          // unset: the unit's natural input format
   std::optional<Format> out;            // unset: the unit's natural output format
   std::optional<ScaleRule> scale_rule;  // block formats only; unset: the format's default
   bool fused = true;                    // false: fp32-seq and fp16-seq unfused (make_sequential_unit)
@@ -63,8 +82,10 @@ struct ReadyUnit {
   BlockSpec block_spec;                // the format's quantisation: the scale rule, elements rne, saturating
 
   const Format& output_format() const { return mma ? mma->output_format() : unit->output_format(); }
-  // The input format's name: the block format's, else the unit's input format's.
-  std::string in_name() const { return block ? block->name() : unit->input_format().name(); }
+  // The input formats' name: the block format's, else the unit's (A:B for mixed inputs).
+  std::string in_name() const {
+    return block ? block->name() : unit_input_name(unit->input_format(), unit->b_input_format());
+  }
 
   // Quantises A (m x k, row-major) along its rows and B (k x n, row-major) along its
   // columns into `block` with block_spec (nvfp4: one tensor scale for all of A, one for
@@ -78,7 +99,9 @@ struct ReadyUnit {
 //  - a block format: b200's block-scaled MMA (output fp32 only, fused), or the
 //    dequantised values for the reference units; any other unit refuses it;
 //  - a scalar format, or none: make_unit / make_sequential_unit (fused = false only for
-//    fp32-seq and fp16-seq), which refuse formats the unit does not take.
+//    fp32-seq and fp16-seq), which refuse formats the unit does not take;
+//  - mixed inputs A:B: the units that take them (takes_mixed_inputs, emu/cdna.hpp:
+//    mi300x, which takes fp8-e4m3fnuz with fp8-e5m2fnuz); any other unit refuses them.
 // A scale rule needs a block format that accepts it. Throws std::invalid_argument with
 // the message, naming the fields by `labels`.
 ReadyUnit resolve_unit(const UnitRequest& request, const RequestLabels& labels);

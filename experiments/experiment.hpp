@@ -191,5 +191,6 @@ std::string check_rounding_name(const ParamValue& v);        // rne rna rz ru rd
 std::string check_unit_name(const ParamValue& v);            // a matrix unit emu knows
 std::string check_block_format_name(const ParamValue& v);    // a block format (OCP MX, NVFP4: emu/block.hpp)
 std::string check_operand_format_name(const ParamValue& v);  // a format or a block format (emu/unit_request.hpp)
+std::string check_unit_input_name(const ParamValue& v);  // that, or A:B (mixed inputs; emu/unit_request.hpp)
 
 }  // namespace roundoff

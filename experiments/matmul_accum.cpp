@@ -80,7 +80,7 @@ struct Point {
 Point point_of(const Params& p) {
   Point t;
   t.request.unit = emu::unit_kind_by_name(p.string("unit"));
-  t.request.in = emu::operand_format_by_name(p.string("in_format"));
+  t.request.in = emu::unit_input_by_name(p.string("in_format"));
   if (const std::string& out = p.string("out_format"); !is_default_format(out)) t.request.out = emu::format_by_name(out);
   t.request.fused = p.boolean("fused");
   t.m = static_cast<std::size_t>(p.integer("M"));
@@ -142,11 +142,10 @@ RunResult run(const Params& p, const RunEnv& env) {
     for (double& x : B) x = draw(data, t.distribution, t.spread, mixed);
     blocks = ready.quantize_operands(A, B, m, n, k);
   } else {
-    for (std::vector<double>* v : {&A, &B})
+    for (auto [v, f] : {std::pair{&A, &ready.unit->input_format()}, std::pair{&B, &ready.unit->b_input_format()}})
       for (double& x : *v) {
         emu::Flags ignored = 0;
-        x = emu::round(ready.unit->input_format(), draw(data, t.distribution, t.spread, mixed), input_rounding,
-                       nullptr, ignored);
+        x = emu::round(*f, draw(data, t.distribution, t.spread, mixed), input_rounding, nullptr, ignored);
       }
   }
   if (env.cancelled()) throw Cancelled();
@@ -248,8 +247,9 @@ Experiment make_matmul_accum() {
                    "quantises A's rows and B's columns in blocks along K: unit b200 runs the blocks on its "
                    "block-scaled MMA (not mxint8; nvfp4's tensor scales as alpha after it), exact, fp32-seq and "
                    "fp16-seq take the dequantised values, other units refuse it; the error is against the exact "
-                   "product of the dequantised values",
-                   {}, check_operand_format_name),
+                   "product of the dequantised values; A:B rounds A into A and B into B (mixed inputs: mi300x's "
+                   "fp8-e4m3fnuz:fp8-e5m2fnuz and fp8-e5m2fnuz:fp8-e4m3fnuz)",
+                   {}, check_unit_input_name),
       string_param("out_format", "default", "partials/output format; \"\" or default = the unit's natural one",
                    {}, check_out_format),
       string_param("rounding", "rne",

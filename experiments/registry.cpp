@@ -177,5 +177,8 @@ std::string check_block_format_name(const ParamValue& v) {
 std::string check_operand_format_name(const ParamValue& v) {
   return check_with(v, [](const std::string& s) { (void)emu::operand_format_by_name(s); });
 }
+std::string check_unit_input_name(const ParamValue& v) {
+  return check_with(v, [](const std::string& s) { (void)emu::unit_input_by_name(s); });
+}
 
 }  // namespace roundoff

@@ -169,6 +169,9 @@ format and c into the output format, with rne; the flags of those conversions ar
 reported apart, as "input_flags". --in and --out default to the unit's own formats.
 Units:
 @UNITS@
+Mixed inputs: --in A:B rounds the a_i into format A and the b_i into format B (two
+different scalar formats; JSON's in is A:B), on these units only, with these pairs:
+@MIXED_INPUTS@
 --rounding and the other rounding options set the context; units with a fixed
 rounding (tensor cores) ignore it. --tininess (see emu round --help) applies to the
 roundings under the context and to the rounding of the inputs (the tensor cores'
@@ -231,6 +234,8 @@ With --json, one object per element in row-major order, with fields unit, in, ou
 format (the output format, that of value and bits), rounding, row, col (from 0),
 value, bits, flags, input_flags (those of its row of A, its column of B and its C
 element).
+--in A:B (mixed inputs; see emu dot --help) rounds matrix A into the first format and
+matrix B into the second.
 A block format (--in, with --unit b200; see emu dot --help) quantises each row of A and
 each column of B along k (nvfp4: one tensor scale for all of A, one for all of B) and
 runs Blackwell's block-scaled MMA per element; JSON adds kind and, for nvfp4, alpha.
@@ -685,7 +690,7 @@ UnitRequest unit_request_from(const ParsedOptions& o, std::string_view command) 
                      (block ? "--unit b200 for --in " + *in : std::string("e.g. --unit exact")) + ")");
   }
   r.unit = option_value("--unit", [&] { return unit_kind_by_name(*unit); });
-  if (in) r.in = option_value("--in", [&] { return operand_format_by_name(*in); });
+  if (in) r.in = option_value("--in", [&] { return unit_input_by_name(*in); });
   if (const auto v = o.get("--out")) r.out = format_named("--out", *v);
   if (const auto v = o.get("--scale-rule")) r.scale_rule = option_value("--scale-rule", [&] { return scale_rule_by_name(*v); });
   return r;
@@ -734,9 +739,8 @@ DotResult unit_dot(const UnitSetup& s, Context& ctx, std::span<const Exact> a_ex
     r.value = u.mma ? u.mma->dot(ctx, q.rows[0], q.cols[0], c, r.epilogue) : u.unit->dot(ctx, k, a.data(), 1, b.data(), 1, c);
     return r;
   }
-  const Format& in = u.unit->input_format();
-  for (std::size_t i = 0; i < k; ++i) a[i] = convert_input(in, a_exact[i], ctx, r.input_flags);
-  for (std::size_t i = 0; i < k; ++i) b[i] = convert_input(in, b_exact[i], ctx, r.input_flags);
+  for (std::size_t i = 0; i < k; ++i) a[i] = convert_input(u.unit->input_format(), a_exact[i], ctx, r.input_flags);
+  for (std::size_t i = 0; i < k; ++i) b[i] = convert_input(u.unit->b_input_format(), b_exact[i], ctx, r.input_flags);
   const double c = convert_input(u.output_format(), c_exact, ctx, r.input_flags);
   r.value = u.unit->dot(ctx, k, a.data(), 1, b.data(), 1, c);
   return r;
@@ -939,7 +943,7 @@ int gemm(const std::vector<std::string>& args, Output& out) {
   if (setup.ready.block) return print_block_gemm(o, setup, A, B, C, out);
   const MatrixUnit& unit = *setup.ready.unit;
   const std::size_t m = A.rows, n = B.cols, k = A.cols;
-  const Format& in = unit.input_format();
+  const Format &in = unit.input_format(), &in_b = unit.b_input_format();
   const Format& out_format = unit.output_format();
 
   std::vector<double> a(m * k), b(k * n), c(m * n, 0.0);
@@ -947,7 +951,7 @@ int gemm(const std::vector<std::string>& args, Output& out) {
   for (std::size_t i = 0; i < m; ++i)
     for (std::size_t p = 0; p < k; ++p) a[i * k + p] = convert_input(in, A.values[i * k + p], ctx, a_row_flags[i]);
   for (std::size_t p = 0; p < k; ++p)
-    for (std::size_t j = 0; j < n; ++j) b[p * n + j] = convert_input(in, B.values[p * n + j], ctx, b_col_flags[j]);
+    for (std::size_t j = 0; j < n; ++j) b[p * n + j] = convert_input(in_b, B.values[p * n + j], ctx, b_col_flags[j]);
   if (C)
     for (std::size_t e = 0; e < m * n; ++e) c[e] = convert_input(out_format, C->values[e], ctx, c_flags[e]);
 
@@ -1047,6 +1051,17 @@ std::string b200_block_formats(bool taken) {
   return s;
 }
 
+// "  mi300x  A:B A:B", a line per unit that takes mixed inputs, with the pairs it takes.
+std::string mixed_inputs() {
+  std::string s;
+  for (const Named<UnitKind>& row : unit_table()) {
+    std::string pairs;
+    for (const std::string& name : mixed_input_names(row.value)) pairs += " " + name;
+    if (!pairs.empty()) s += (s.empty() ? "  " : "\n  ") + std::string(row.name) + " " + pairs;
+  }
+  return s;
+}
+
 // `text` with every @NAME@ replaced by its list from emu's tables.
 std::string filled(std::string text) {
   const std::pair<const char*, std::string> lists[] = {
@@ -1061,6 +1076,7 @@ std::string filled(std::string text) {
       {"@SCALE_RULES@", table_rows(scale_rule_table(), 16, 8)},
       {"@B200_BLOCK_FORMATS@", b200_block_formats(true)},
       {"@B200_REFUSED_BLOCK_FORMATS@", b200_block_formats(false)},
+      {"@MIXED_INPUTS@", mixed_inputs()},
   };
   for (const auto& [name, list] : lists)
     for (auto at = text.find(name); at != std::string::npos; at = text.find(name, at + list.size()))

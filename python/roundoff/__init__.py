@@ -261,6 +261,10 @@ def dot(a, b, c=0, *, unit, in_format=None, out_format=None, rounding="rne", see
     nvfp4's tensor scales applied after the MMA as alpha in one fp32 fma under
     `rounding`; fp32 output. mxint8, another unit, or scale_rule without a block format
     raise ValueError with emu's message.
+
+    in_format="A:B" (mixed inputs, as `emu dot --in A:B`) rounds a into format A and b
+    into B on the units that mix them: unit="mi300x" with "fp8-e4m3fnuz:fp8-e5m2fnuz" or
+    "fp8-e5m2fnuz:fp8-e4m3fnuz"; other units and pairs raise ValueError.
     """
     a, b = _doubles(a, "a").ravel(), _doubles(b, "b").ravel()
     c = _real_array(c, "c")
@@ -283,7 +287,8 @@ def matmul(A, B, C=None, *, unit, in_format=None, out_format=None, rounding="rne
     A block format as in_format with unit="b200" (see dot) quantises A's rows and B's
     columns into blocks along k (nvfp4: one tensor scale for all of A, one for all of B)
     and runs the block-scaled MMA per element, as `emu gemm --unit b200 --in FORMAT`;
-    the result is float32.
+    the result is float32. in_format="A:B" (mixed inputs, see dot) rounds A into format A
+    and B into B.
     """
     setup = _unit(unit, in_format, out_format, rounding, scale_rule)
     r = _rounding(rounding, seed, sr_bits, overflow, rng, tininess)

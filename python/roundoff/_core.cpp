@@ -257,7 +257,7 @@ emu::cli::UnitSetup unit_setup(const std::string& unit, const std::optional<std:
   using emu::cli::option_value;
   emu::UnitRequest r;
   r.unit = option_value("--unit", [&] { return emu::unit_kind_by_name(unit); });
-  if (in) r.in = option_value("--in", [&] { return emu::operand_format_by_name(*in); });
+  if (in) r.in = option_value("--in", [&] { return emu::unit_input_by_name(*in); });
   if (out) r.out = emu::cli::format_named("--out", *out);
   if (scale_rule) r.scale_rule = option_value("--scale-rule", [&] { return emu::scale_rule_by_name(*scale_rule); });
   return emu::cli::unit_setup(r, rounding);
@@ -332,14 +332,13 @@ py::tuple matmul(const Doubles& A, const Doubles& B, const std::optional<Doubles
                      ", but A*B + C needs " + std::to_string(m) + " x " + std::to_string(n));
   if (setup.ready.block) return block_matmul(setup, ctx, A, B, C);
   const emu::MatrixUnit& unit = *setup.ready.unit;
-  const emu::Format& in = unit.input_format();
   const emu::Format& out = unit.output_format();
   std::vector<double> a_copy, b_copy, c(m * n, 0.0);
   emu::Flags input_flags = 0;
   {
     py::gil_scoped_release release;
-    const double* a = unit_input(in, A, a_copy, ctx, input_flags);
-    const double* b = unit_input(in, B, b_copy, ctx, input_flags);
+    const double* a = unit_input(unit.input_format(), A, a_copy, ctx, input_flags);
+    const double* b = unit_input(unit.b_input_format(), B, b_copy, ctx, input_flags);
     if (C)
       for (std::size_t e = 0; e < m * n; ++e) c[e] = emu::cli::convert_input(out, emu::Exact{C->data()[e]}, ctx, input_flags);
     unit.gemm(ctx, m, n, k, a, k, b, n, c.data(), n);

@@ -177,7 +177,7 @@ class TorchUnit {
     using emu::cli::option_value;
     emu::UnitRequest request;
     request.unit = option_value(kEmulateLabels.unit, [&] { return emu::unit_kind_by_name(unit); });
-    if (in) request.in = option_value(kEmulateLabels.in, [&] { return emu::operand_format_by_name(*in); });
+    if (in) request.in = option_value(kEmulateLabels.in, [&] { return emu::unit_input_by_name(*in); });
     if (out) request.out = emu::cli::format_named(kEmulateLabels.out, *out);
     if (scale_rule)
       request.scale_rule = option_value(kEmulateLabels.scale_rule, [&] { return emu::scale_rule_by_name(*scale_rule); });
@@ -252,11 +252,11 @@ class TorchUnit {
     return r;
   }
 
-  // A view's matrix in the unit's input format (values of it pass as they are), into values.
-  void unit_input(emu::Context& ctx, const MatrixView& v, std::vector<double>& values, emu::Flags& input_flags) const {
+  // A view's matrix in f, A's or B's input format (values of it pass as they are), into values.
+  void unit_input(emu::Context& ctx, const MatrixView& v, const emu::Format& f, std::vector<double>& values,
+                  emu::Flags& input_flags) const {
     values.resize(v.rows() * v.cols());
     v.read(values.data(), false);
-    const emu::Format& f = ready_.unit->input_format();
     for (std::size_t e = emu::NearestOps::first_not_value(f, values.data(), 0, values.size()); e < values.size(); ++e) {
       emu::ElementGuard element(ctx, static_cast<std::int64_t>(e));
       values[e] = convert(ctx, f, values[e], input_flags);
@@ -267,8 +267,8 @@ class TorchUnit {
                  emu::Flags& input_flags) const {
     const std::size_t m = A.rows(), k = A.cols(), n = B.cols();
     std::vector<double>&a = scratch().a, &b = scratch().b;
-    unit_input(ctx, A, a, input_flags);
-    unit_input(ctx, B, b, input_flags);
+    unit_input(ctx, A, ready_.unit->input_format(), a, input_flags);
+    unit_input(ctx, B, ready_.unit->b_input_format(), b, input_flags);
     ready_.unit->gemm(ctx, m, n, k, a.data(), k, b.data(), n, c.data(), n);
   }
 

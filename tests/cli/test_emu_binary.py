@@ -819,6 +819,48 @@ for args, needle in [(["dot", "--unit", "h100", "--in", "mxfp8-e4m3", "--a", "1"
 rc, out, _ = emu("dot", "--help")
 check(rc == 0 and "b200" in out and "mxf8f6f4" in out and "alpha" in out, "dot --help tells of block formats")
 
+# ---- mixed inputs --in A:B (mi300x's fp8 with bf8) --------------------------------------
+
+# The a_i rounded into A's format, the b_i into B's. fp8-e4m3fnuz:fp8-e5m2fnuz: 0.01 ->
+# 10 * 2^-10 (e4m3fnuz subnormals are multiples of 2^-10), 1e-5 -> 2^-17 (e5m2fnuz's
+# least subnormal; 1e-5 = 1.31 * 2^-17): 1*3 + 2*2^-17 + 10*2^-10*4 = 3.0390777587890625
+# (the fused group keeps it: 3 is 2^1, its grid 2^-23). The reverse pair: 0.01 ->
+# 1.25 * 2^-7 in e5m2fnuz, 1e-5 -> 0 in e4m3fnuz (below 2^-11): 3 + 0.0390625.
+MIXED_A, MIXED_B = "1,2,0.01", "3,1e-5,4"
+for pair, value in [("fp8-e4m3fnuz:fp8-e5m2fnuz", Fraction(3) + 2 * Fraction(1, 2 ** 17) + Fraction(40, 2 ** 10)),
+                    ("fp8-e5m2fnuz:fp8-e4m3fnuz", Fraction(3) + Fraction(5, 2 ** 9) * 4)]:
+    [r] = emu_json("dot", "--unit", "mi300x", "--in", pair, "--a", MIXED_A, "--b", MIXED_B)
+    check(r["in"] == pair and r["out"] == "fp32" and r["value"] == float(value) and r["flags"] == []
+          and r["input_flags"] == ["UFLO", "INEXACT"], f"dot --unit mi300x --in {pair}: {r}")
+    A_MIX = write("mixed_A.txt", "1 2 0.01\n-0.01 2 1\n")
+    B_MIX = write("mixed_B.txt", "3 0.5\n1e-5 1\n4 -1e-5\n")
+    rows = emu_json("gemm", "--unit", "mi300x", "--in", pair, A_MIX, B_MIX)
+    for r in rows:
+        a = ["1,2,0.01", "-0.01,2,1"][r["row"]]
+        b = ["3,1e-5,4", "0.5,1,-1e-5"][r["col"]]
+        [d] = emu_json("dot", "--unit", "mi300x", "--in", pair, "--a", a, "--b", b)
+        check(r["in"] == pair and r["value"] == d["value"] and r["flags"] == d["flags"],
+              f"gemm --in {pair} element {r['row']},{r['col']}: {r} != dot {d}")
+    check(len(rows) == 4, f"gemm --in {pair}: {len(rows)} elements")
+
+for args, needles in [(["--unit", "h100", "--in", "fp8-e4m3fnuz:fp8-e5m2fnuz"], ["--in", "--unit h100", "mi300x"]),
+                      (["--unit", "mi250x", "--in", "fp8-e4m3fnuz:fp8-e5m2fnuz"], ["--in", "mi300x", "one input format"]),
+                      (["--unit", "mi300x", "--in", "fp8-e4m3fnuz:fp16"], ["--in fp8-e4m3fnuz:fp16", "fp8-e5m2fnuz"]),
+                      (["--unit", "mi300x", "--in", "fp16:fp16"], ["--in", "write it fp16"]),
+                      (["--unit", "b200", "--in", "mxfp8-e4m3:fp8-e4m3"], ["--in", "block format (mxfp8-e4m3)"]),
+                      (["--unit", "mi300x", "--in", "fp8-e4m3fnuz:fp17"], ["--in", "B of", "fp17"]),
+                      (["--unit", "mi300x", "--in", "fp16:fp16:fp16"], ["--in", "two formats"]),
+                      (["--unit", "mi300x", "--in", "fp8-e4m3fnuz:fp8-e5m2fnuz", "--out", "fp16"], ["--out", "fp32"])]:
+    rc, out, err = emu("dot", *args, "--a", "1", "--b", "1")
+    check(rc == 2 and len(err.strip().splitlines()) == 1 and all(n in err for n in needles),
+          f"emu dot {args}: exit {rc}, stderr {err!r}")
+for fmt in ["fp16", "bf16", "tf32", "fp8-e4m3fnuz", "fp8-e5m2fnuz", "fp32"]:  # one format: named alone
+    [r] = emu_json("dot", "--unit", "mi300x", "--in", fmt, "--a", "1", "--b", "1")
+    check(r["in"] == fmt and r["value"] == 1, f"dot --unit mi300x --in {fmt}: {r}")
+rc, out, _ = emu("dot", "--help")
+check(rc == 0 and "mi300x  fp8-e4m3fnuz:fp8-e5m2fnuz fp8-e5m2fnuz:fp8-e4m3fnuz" in out,
+      "dot --help lists the mixed inputs each unit takes")
+
 # ---- bad input: exit 2 with one line on stderr; never a traceback-like dump ---------
 
 BAD_B = write("bad_B.txt", "1 2\n3\n")

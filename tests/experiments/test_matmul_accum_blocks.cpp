@@ -13,11 +13,15 @@
 #include <map>
 #include <span>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "../core/reference.hpp"
 #include "emu/block.hpp"
 #include "emu/block_mma.hpp"
+#include "emu/cdna.hpp"
+#include "emu/round.hpp"
 #include "emu/rng.hpp"
 #include "experiments/experiment.hpp"
 #include "tests/run_experiment.hpp"
@@ -223,6 +227,45 @@ TEST_CASE("matmul_accum: block formats on units that cannot take them are refuse
               .empty());
   // mxint8's dequantised values still go to the reference units.
   CHECK(problem({{"unit", std::string("exact")}, {"in_format", std::string("mxint8")}}).empty());
+}
+
+TEST_CASE("matmul_accum with mixed inputs A:B (mi300x): A rounded into A's format, B into B's",
+          "[matmul_accum][mixed]") {
+  const emu::Format &e4m3 = emu::fp8_e4m3fnuz(), &e5m2 = emu::fp8_e5m2fnuz();
+  for (const auto& [pair, a_format, b_format] :
+       {std::tuple{"fp8-e4m3fnuz:fp8-e5m2fnuz", &e4m3, &e5m2}, std::tuple{"fp8-e5m2fnuz:fp8-e4m3fnuz", &e5m2, &e4m3}}) {
+    INFO(pair);
+    const Case c{pair, "lognormal", 3.0, "mixed", 100};
+    emu::Rng rng = data_rng(c);
+    std::vector<double> A(kRows * c.k), B(c.k * kCols);
+    const emu::RoundSpec saturating{emu::Rounding::rne, emu::Overflow::saturate, 0};
+    for (auto [v, f] : {std::pair{&A, a_format}, std::pair{&B, b_format}})
+      for (double& x : *v) {
+        emu::Flags ignored = 0;
+        x = emu::round(*f, draw(rng, c), saturating, nullptr, ignored);
+      }
+    const auto unit = emu::make_cdna_unit(emu::UnitKind::mi300x, *a_format, *b_format, std::nullopt);
+    emu::Context ctx;
+    std::vector<double> C(kRows * kCols, 0.0);
+    unit->gemm(ctx, kRows, kCols, c.k, A.data(), c.k, B.data(), kCols, C.data(), kCols);
+    std::vector<ref::Dyadic> exact(kRows * kCols);
+    for (std::size_t i = 0; i < kRows; ++i)
+      for (std::size_t j = 0; j < kCols; ++j)
+        for (std::size_t q = 0; q < c.k; ++q)
+          exact[i * kCols + j] =
+              ref::add(exact[i * kCols + j], ref::mul(ref::dyadic(A[i * c.k + q]), ref::dyadic(B[q * kCols + j])));
+    const Metrics want = metrics_of(C, exact);
+    CHECK(want.max_rel > 0);
+    check_metrics(run(c, "mi300x"), want);
+  }
+  const roundoff::Experiment* e = roundoff::find_experiment("matmul_accum");
+  REQUIRE(e != nullptr);
+  CHECK_THAT(e->check_point(roundoff::testing::params_with(
+                 *e, {{"unit", std::string("h100")}, {"in_format", std::string("fp8-e4m3fnuz:fp8-e5m2fnuz")}})),
+             Catch::Contains("in_format fp8-e4m3fnuz:fp8-e5m2fnuz on unit h100") && Catch::Contains("mi300x"));
+  CHECK_THAT(e->check_point(roundoff::testing::params_with(
+                 *e, {{"unit", std::string("mi300x")}, {"in_format", std::string("fp8-e4m3fnuz:fp16")}})),
+             Catch::Contains("in_format") && Catch::Contains("fp8-e5m2fnuz"));
 }
 
 TEST_CASE("matmul_accum on b200 through sweep: -j1 and -j2 give the same file; configs/block_mma.yaml plans",

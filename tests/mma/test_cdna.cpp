@@ -3,8 +3,9 @@
 // patterns and decoded by this file's own decoder, products, pairwise sums, the flush,
 // the fused groups (truncation below E, the floor against the accumulator, fp8's even
 // and odd halves, xf32's truncation of the bit pattern) and fma chains computed on exact
-// values and rounded by this file's own round-to-nearest-even. There is no measured AMD
-// data: the model is the one MMA-Sim and MIOpen document, nothing more.
+// values and rounded by this file's own round-to-nearest-even. Mixed fp8 inputs decode A
+// and B each with its own layout. There is no measured AMD data: the model is the one
+// MMA-Sim and MIOpen document, nothing more.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -25,6 +27,7 @@
 
 #include "emu/cdna.hpp"
 #include "emu/unit.hpp"
+#include "emu/unit_request.hpp"
 
 namespace {
 
@@ -116,7 +119,9 @@ struct Model {
   enum class Path { pairwise, fused, fma_chain } path;
   int group = 1;
   bool flush = false, halves = false, xf32 = false;
-  Layout in;
+  Layout in;                   // A's layout (and B's, unless in_b is set)
+  std::optional<Layout> in_b;  // B's, for mixed inputs
+  const Layout& b_layout() const { return in_b ? *in_b : in; }
 };
 
 double flushed(double v) { return std::fabs(v) < p2(-126) ? std::copysign(0.0, v) : v; }
@@ -192,10 +197,10 @@ double model_dot(const Model& m, const std::vector<std::uint64_t>& abits, const 
       y &= ~std::uint64_t{0x1fff};
     }
     a[i] = decode(m.in, x);
-    b[i] = decode(m.in, y);
+    b[i] = decode(m.b_layout(), y);
     if (m.flush) {
       if (subnormal_or_zero(m.in, abits[i])) a[i] = Value{0, false, m.in.emin()};
-      if (subnormal_or_zero(m.in, bbits[i])) b[i] = Value{0, false, m.in.emin()};
+      if (subnormal_or_zero(m.b_layout(), bbits[i])) b[i] = Value{0, false, m.b_layout().emin()};
     }
   }
   if (m.flush && std::fabs(c) < p2(-126)) c = 0.0;
@@ -265,11 +270,10 @@ struct Draw {
 double decoded_double(const Layout& l, std::uint64_t bits) { return decode(l, bits).as_double(); }
 
 // `cases` random dot products through the unit and the model; the number that differ.
-int compare_random(UnitKind kind, const emu::Format& in, const Model& m, int instruction_k, std::uint64_t seed,
-                   int cases) {
-  const auto unit = emu::make_unit(kind, in);
+int compare_random(const emu::MatrixUnit& unit, const Model& m, int instruction_k, std::uint64_t seed, int cases) {
   Draw draw{std::mt19937_64(seed)};
   const Layout& encoding = m.xf32 ? kFp32 : m.in;
+  const Layout& b_encoding = m.xf32 ? kFp32 : m.b_layout();
   int mismatches = 0;
   for (int t = 0; t < cases; ++t) {
     const std::size_t k = std::uniform_int_distribution<std::size_t>(1, 3 * instruction_k)(draw.rng);
@@ -279,34 +283,48 @@ int compare_random(UnitKind kind, const emu::Format& in, const Model& m, int ins
     double exact = 0;
     for (std::size_t i = 0; i < k; ++i) {
       ab[i] = draw.bits(encoding, spread);
-      bb[i] = draw.bits(encoding, spread);
+      bb[i] = draw.bits(b_encoding, spread);
       a[i] = decoded_double(encoding, ab[i]);
-      b[i] = decoded_double(encoding, bb[i]);
+      b[i] = decoded_double(b_encoding, bb[i]);
       exact += a[i] * b[i];
     }
     const double c = draw.c(exact);
     emu::Context ctx;
-    const double got = unit->dot(ctx, k, a.data(), 1, b.data(), 1, c);
+    const double got = unit.dot(ctx, k, a.data(), 1, b.data(), 1, c);
     const double want = model_dot(m, ab, bb, c);
     const bool same = std::isnan(want) ? std::isnan(got) : fp32_bits(got) == fp32_bits(want);
     if (!same && ++mismatches <= 5) {
       std::ostringstream ops;
       ops << std::hexfloat;
       for (std::size_t i = 0; i < k; ++i) ops << ' ' << a[i] << '*' << b[i];
-      UNSCOPED_INFO(emu::unit_kind_name(kind) << " " << in.name() << " k " << k << " c " << c << ": got " << got
-                                              << " want " << want << " |" << ops.str());
+      UNSCOPED_INFO(emu::unit_kind_name(unit.kind())
+                    << " " << emu::unit_input_name(unit.input_format(), unit.b_input_format()) << " k " << k << " c "
+                    << c << ": got " << got << " want " << want << " |" << ops.str());
     }
   }
   return mismatches;
 }
 
 Model pairwise(int group, bool flush, const Layout& in) {
-  return {Model::Path::pairwise, group, flush, false, false, in};
+  return {Model::Path::pairwise, group, flush, false, false, in, std::nullopt};
 }
-Model fused(int group, const Layout& in) { return {Model::Path::fused, group, false, false, false, in}; }
+Model fused(int group, const Layout& in) { return {Model::Path::fused, group, false, false, false, in, std::nullopt}; }
 
 double dot(UnitKind kind, const emu::Format& in, std::vector<double> a, std::vector<double> b, double c) {
   const auto unit = emu::make_unit(kind, in);
+  emu::Context ctx;
+  return unit->dot(ctx, a.size(), a.data(), 1, b.data(), 1, c);
+}
+
+// A unit with mixed inputs as every front end makes it: the name "A:B" parsed and resolved.
+std::unique_ptr<emu::MatrixUnit> mixed_unit(UnitKind kind, const char* name) {
+  emu::UnitRequest request;
+  request.unit = kind;
+  request.in = emu::unit_input_by_name(name);
+  return emu::resolve_unit(request, {"unit", "in", "out", "scale_rule", "fused"}).unit;
+}
+double mixed_dot(const char* name, std::vector<double> a, std::vector<double> b, double c) {
+  const auto unit = mixed_unit(UnitKind::mi300x, name);
   emu::Context ctx;
   return unit->dot(ctx, a.size(), a.data(), 1, b.data(), 1, c);
 }
@@ -422,6 +440,67 @@ TEST_CASE("fused (CDNA3), hand-worked: 24 bits below E, floored against c, fp8 h
   CHECK(xf32->input_format() == emu::tf32());
 }
 
+TEST_CASE("mixed fp8 (mi300x fp8-e4m3fnuz:fp8-e5m2fnuz), hand-worked: each factor at its own format's emin",
+          "[cdna]") {
+  // A in e4m3fnuz (emin -7, subnormals down to 2^-10), B in e5m2fnuz (emin -15, down to
+  // 2^-17). Product 0: 2^7 * 2^-8, exponents 7 and -8 (2^-8 is a normal e5m2fnuz; in
+  // e4m3fnuz it would be subnormal, its exponent clamped at -7): E = -1, so products
+  // are cut to multiples of 2^(E - 24) = 2^-25.
+  // Product 2 (the even half, with product 0): 2^-8 * -2^-17 = -2^-25 (2^-8 an e4m3fnuz
+  // subnormal, exponent -7; 2^-17 an e5m2fnuz subnormal, -15): on the grid, kept.
+  // S = 2^-1 - 2^-25 = (2^24 - 1) * 2^-25, c = 0: M = E, nothing more is cut, and S has
+  // 24 bits: the result is 0.5 - 2^-25 exactly. Had B's 2^-8 been clamped at A's emin
+  // -7, E would be 0 and -2^-25 cut toward zero on the 2^-24 grid: 0.5.
+  const std::vector<double> a{p2(7), 0, p2(-8)}, b{p2(-8), 0, -p2(-17)};
+  CHECK(mixed_dot("fp8-e4m3fnuz:fp8-e5m2fnuz", a, b, 0.0) == 0.5 - p2(-25));
+  // The same product at index 1, the odd half: S1 = -2^-25 alone (E1 = -7 - 15 = -22),
+  // floored onto E's 2^-25 grid: -2^-25, kept. With E = 0 it would floor to -2^-24:
+  // 0.5 - 2^-24.
+  CHECK(mixed_dot("fp8-e4m3fnuz:fp8-e5m2fnuz", {p2(7), p2(-8)}, {p2(-8), -p2(-17)}, 0.0) == 0.5 - p2(-25));
+  // The reverse pair, A e5m2fnuz and B e4m3fnuz, takes the factors the other way round:
+  // the same products, the same sum.
+  CHECK(mixed_dot("fp8-e5m2fnuz:fp8-e4m3fnuz", b, a, 0.0) == 0.5 - p2(-25));
+  // Each operand is checked against its own format: as A of fp8-e4m3fnuz:fp8-e5m2fnuz,
+  // -2^-17 is refused (below e4m3fnuz's least subnormal, 2^-10).
+  CHECK_THROWS_WITH(mixed_dot("fp8-e4m3fnuz:fp8-e5m2fnuz", b, a, 0.0),
+                    Catch::Contains("is not an fp8-e4m3fnuz value"));
+  // The formats the unit reports: A's, then B's.
+  const auto unit = mixed_unit(UnitKind::mi300x, "fp8-e5m2fnuz:fp8-e4m3fnuz");
+  CHECK(unit->input_format() == emu::fp8_e5m2fnuz());
+  CHECK(unit->b_input_format() == emu::fp8_e4m3fnuz());
+}
+
+TEST_CASE("mixed fp8 (mi300x) against the documented model on random instructions", "[cdna]") {
+  // As the one-format fp8 path, A's bits drawn and decoded in A's layout, B's in B's.
+  Model mixed = fused(16, kE4M3Fnuz);
+  mixed.halves = true;
+  mixed.in_b = kE5M2Fnuz;
+  CHECK(compare_random(*mixed_unit(UnitKind::mi300x, "fp8-e4m3fnuz:fp8-e5m2fnuz"), mixed, 32, 13, 3000) == 0);
+  mixed.in = kE5M2Fnuz;
+  mixed.in_b = kE4M3Fnuz;
+  CHECK(compare_random(*mixed_unit(UnitKind::mi300x, "fp8-e5m2fnuz:fp8-e4m3fnuz"), mixed, 32, 14, 3000) == 0);
+}
+
+TEST_CASE("mixed inputs: which units and pairs take them", "[cdna]") {
+  const emu::CdnaParams p = emu::cdna_params(UnitKind::mi300x, emu::fp8_e4m3fnuz(), emu::fp8_e5m2fnuz(), emu::fp32());
+  CHECK((p.path == emu::CdnaPath::fused && p.group_size == 16 && p.split_halves && p.instruction_k == 32));
+  CHECK_THROWS_WITH(emu::cdna_params(UnitKind::mi300x, emu::fp8_e4m3fnuz(), emu::fp16(), emu::fp32()),
+                    "mi300x matrix cores mix fp8-e4m3fnuz with fp8-e5m2fnuz only (either as A), not fp8-e4m3fnuz "
+                    "with fp16");
+  CHECK_THROWS_WITH(emu::cdna_params(UnitKind::mi250x, emu::fp16(), emu::bf16(), emu::fp32()),
+                    "mi250x matrix cores take one input format for A and B");
+  CHECK(emu::mixed_input_names(UnitKind::mi300x) ==
+        std::vector<std::string>{"fp8-e4m3fnuz:fp8-e5m2fnuz", "fp8-e5m2fnuz:fp8-e4m3fnuz"});
+  for (const auto& row : emu::unit_table())
+    if (row.value != UnitKind::mi300x) CHECK(emu::mixed_input_names(row.value).empty());
+  // OCP fp8 (with infinities) is not the MI300X's: refused as the one-format fp8 is.
+  CHECK_THROWS_AS(mixed_unit(UnitKind::mi300x, "fp8-e4m3:fp8-e5m2"), std::invalid_argument);
+  CHECK_THROWS_WITH(mixed_unit(UnitKind::h100, "fp8-e4m3:fp8-e5m2"),
+                    "in fp8-e4m3:fp8-e5m2 on unit h100: mixed inputs (A:B) are taken by mi300x "
+                    "(fp8-e4m3fnuz:fp8-e5m2fnuz and fp8-e5m2fnuz:fp8-e4m3fnuz) only; h100 takes one input format "
+                    "for A and B");
+}
+
 TEST_CASE("AMD presets: NaN and infinity", "[cdna]") {
   const double inf = HUGE_VAL, nan = std::numeric_limits<double>::quiet_NaN();
   for (UnitKind kind : {UnitKind::mi100, UnitKind::mi250x, UnitKind::mi300x}) {
@@ -444,23 +523,23 @@ TEST_CASE("AMD presets: NaN and infinity", "[cdna]") {
 TEST_CASE("AMD presets against the documented model on random instructions", "[cdna]") {
   // Each: random k from 1 to 3 instructions, operands with zeros, subnormals, exponents
   // near 1 or spread over 200 binades, c zero, subnormal, near or cancelling the dot.
-  CHECK(compare_random(UnitKind::mi100, emu::fp16(), pairwise(4, false, kFp16), 16, 1, 2000) == 0);
-  CHECK(compare_random(UnitKind::mi100, emu::bf16(), pairwise(2, false, kBf16), 8, 2, 2000) == 0);
-  CHECK(compare_random(UnitKind::mi250x, emu::fp16(), pairwise(4, true, kFp16), 16, 3, 2000) == 0);
-  CHECK(compare_random(UnitKind::mi250x, emu::bf16(), pairwise(4, true, kBf16), 16, 4, 2000) == 0);
-  CHECK(compare_random(UnitKind::mi300x, emu::fp16(), fused(8, kFp16), 16, 5, 2000) == 0);
-  CHECK(compare_random(UnitKind::mi300x, emu::bf16(), fused(8, kBf16), 16, 6, 2000) == 0);
+  CHECK(compare_random(*emu::make_unit(UnitKind::mi100, emu::fp16()), pairwise(4, false, kFp16), 16, 1, 2000) == 0);
+  CHECK(compare_random(*emu::make_unit(UnitKind::mi100, emu::bf16()), pairwise(2, false, kBf16), 8, 2, 2000) == 0);
+  CHECK(compare_random(*emu::make_unit(UnitKind::mi250x, emu::fp16()), pairwise(4, true, kFp16), 16, 3, 2000) == 0);
+  CHECK(compare_random(*emu::make_unit(UnitKind::mi250x, emu::bf16()), pairwise(4, true, kBf16), 16, 4, 2000) == 0);
+  CHECK(compare_random(*emu::make_unit(UnitKind::mi300x, emu::fp16()), fused(8, kFp16), 16, 5, 2000) == 0);
+  CHECK(compare_random(*emu::make_unit(UnitKind::mi300x, emu::bf16()), fused(8, kBf16), 16, 6, 2000) == 0);
   Model xf32 = fused(4, kFp32);
   xf32.xf32 = true;
-  CHECK(compare_random(UnitKind::mi300x, emu::tf32(), xf32, 8, 7, 2000) == 0);
+  CHECK(compare_random(*emu::make_unit(UnitKind::mi300x, emu::tf32()), xf32, 8, 7, 2000) == 0);
   Model fp8 = fused(16, kE4M3Fnuz);
   fp8.halves = true;
-  CHECK(compare_random(UnitKind::mi300x, emu::fp8_e4m3fnuz(), fp8, 32, 8, 2000) == 0);
+  CHECK(compare_random(*emu::make_unit(UnitKind::mi300x, emu::fp8_e4m3fnuz()), fp8, 32, 8, 2000) == 0);
   fp8.in = kE5M2Fnuz;
-  CHECK(compare_random(UnitKind::mi300x, emu::fp8_e5m2fnuz(), fp8, 32, 9, 2000) == 0);
-  const Model chain{Model::Path::fma_chain, 1, false, false, false, kFp32};
-  CHECK(compare_random(UnitKind::mi100, emu::fp32(), chain, 4, 10, 1000) == 0);
-  CHECK(compare_random(UnitKind::mi250x, emu::fp32(), chain, 4, 11, 1000) == 0);
+  CHECK(compare_random(*emu::make_unit(UnitKind::mi300x, emu::fp8_e5m2fnuz()), fp8, 32, 9, 2000) == 0);
+  const Model chain{Model::Path::fma_chain, 1, false, false, false, kFp32, std::nullopt};
+  CHECK(compare_random(*emu::make_unit(UnitKind::mi100, emu::fp32()), chain, 4, 10, 1000) == 0);
+  CHECK(compare_random(*emu::make_unit(UnitKind::mi250x, emu::fp32()), chain, 4, 11, 1000) == 0);
 }
 
 TEST_CASE("fp64 MFMA (mi250x, mi300x): an fma chain, against the host's fma", "[cdna]") {

@@ -369,6 +369,50 @@ def test_block_format_errors_are_emus():
         roundoff.dot([1.0], [1.0], unit="b200", in_format="nvfp4", scale_rule=1)
 
 
+# Mixed inputs in_format="A:B" (mi300x's fp8 with bf8): A rounded into A's format, B into
+# B's, as emu dot/gemm --in A:B.
+MIXED = ["fp8-e4m3fnuz:fp8-e5m2fnuz", "fp8-e5m2fnuz:fp8-e4m3fnuz"]
+
+
+@pytest.mark.parametrize("pair", MIXED)
+def test_mixed_inputs_match_emu_and_round_each_operand_into_its_own_format(pair):
+    rng = np.random.default_rng(4)
+    # Magnitudes from 2^-20 to 2^6: subnormals of both formats, values one takes and the
+    # other rounds to zero.
+    A = rng.choice([-1, 1], (3, 40)) * 2.0 ** rng.uniform(-20, 6, (3, 40))
+    B = rng.choice([-1, 1], (40, 2)) * 2.0 ** rng.uniform(-20, 6, (40, 2))
+    got, flags = roundoff.matmul(A, B, unit="mi300x", in_format=pair)
+    a_format, b_format = pair.split(":")
+    A_in, B_in = roundoff.round(A, a_format)[0], roundoff.round(B, b_format)[0]
+    # Operands already in their formats pass as they are: the same product.
+    assert np.array_equal(roundoff.matmul(A_in, B_in, unit="mi300x", in_format=pair)[0], got)
+    reverse = MIXED[1 - MIXED.index(pair)]
+    assert not np.array_equal(roundoff.matmul(A, B, unit="mi300x", in_format=reverse)[0], got)
+    for i in range(3):
+        for j in range(2):
+            a, b = ",".join(map(repr, A[i])), ",".join(map(repr, B[:, j]))
+            (e,) = emu("dot", "--unit", "mi300x", "--in", pair, "--a", a, "--b", b)
+            assert e["in"] == pair and got[i, j] == emu_value(e["value"]), (i, j)
+            value, _ = roundoff.dot(A[i], B[:, j], unit="mi300x", in_format=pair)
+            assert value == got[i, j]
+
+
+@pytest.mark.parametrize("extra", [["--unit", "h100", "--in", "fp8-e4m3fnuz:fp8-e5m2fnuz"],
+                                   ["--unit", "mi250x", "--in", "fp16:bf16"],
+                                   ["--unit", "mi300x", "--in", "fp8-e4m3fnuz:fp16"],
+                                   ["--unit", "mi300x", "--in", "fp8-e5m2fnuz:fp8-e5m2fnuz"],
+                                   ["--unit", "b200", "--in", "mxfp8-e4m3:mxfp8-e5m2"],
+                                   ["--unit", "mi300x", "--in", "fp8-e4m3fnuz:fp8-e5m2fnuz", "--out", "fp16"]])
+def test_refused_mixed_inputs_raise_emus_message(extra):
+    done = subprocess.run([EMU, "dot", "--a", "1", "--b", "1", *extra], capture_output=True, text=True)
+    assert done.returncode == 2 and "--in" in done.stderr, extra
+    options = dict(zip(extra[::2], extra[1::2]))
+    with pytest.raises(ValueError) as caught:
+        roundoff.matmul(np.ones((2, 2)), np.ones((2, 2)), unit=options["--unit"], in_format=options["--in"],
+                        out_format=options.get("--out"))
+    assert str(caught.value) in done.stderr, extra
+
+
 def test_context_operations_match_emu_eval():
     ctx = roundoff.Context(rounding="rz")
     a, b = np.array([0.1, 300.0, 1e-4]), np.array([0.2, 300.0, 3.0])

@@ -81,29 +81,65 @@ def _matmul(A, B, C=None, **options):
     return np.asarray(value, dtype=np.float32)
 
 
-def _linear_gemms_against_matmul(unit, in_format, **unit_options):
+def _backward_options(options, grad_in_format, gradient):
+    """roundoff.matmul's options for a backward GEMM whose operand `gradient` ("A", "B")
+    is the gradient: with grad_in_format, the mixed inputs it and in_format make."""
+    if grad_in_format is None:
+        return options
+    a, b = (grad_in_format, options["in_format"]) if gradient == "A" else (options["in_format"], grad_in_format)
+    return dict(options, in_format=a if a == b else f"{a}:{b}")
+
+
+def _linear_gemms_against_matmul(unit, in_format, grad_in_format=None, grad_scale=1.0, **unit_options):
     torch.manual_seed(1)
     layer = nn.Linear(40, 6)
     x = torch.randn(2, 3, 40, requires_grad=True)
-    grad = torch.randn(2, 3, 6)
+    grad = torch.randn(2, 3, 6) * grad_scale
     rounding = "sr" if unit.startswith("ipu") else "rne"
-    rt.emulate(layer, unit=unit, in_format=in_format, rounding=rounding, seed=9, **unit_options)
+    rt.emulate(layer, unit=unit, in_format=in_format, grad_in_format=grad_in_format, rounding=rounding, seed=9,
+               **unit_options)
     y = layer(x)
     y.backward(grad)
     options = dict(unit=unit, in_format=in_format, rounding=rounding, **unit_options)
+    backward = _backward_options(options, grad_in_format, "A")  # the gradient is A in both
     seed = lambda op: rt.layer_seed(9, "", op, 0)  # noqa: E731
     x2, g2, w = x.detach().reshape(6, 40).numpy(), grad.reshape(6, 6).numpy(), layer.weight.detach().numpy()
     C = np.broadcast_to(layer.bias.detach().numpy(), (6, 6))
     np.testing.assert_array_equal(y.detach().reshape(6, 6).numpy(),
                                   _matmul(x2, w.T, C, seed=seed("forward"), **options))
-    np.testing.assert_array_equal(x.grad.reshape(6, 40).numpy(), _matmul(g2, w, seed=seed("backward.input"), **options))
-    np.testing.assert_array_equal(layer.weight.grad.numpy(), _matmul(g2.T, x2, seed=seed("backward.weight"), **options))
+    np.testing.assert_array_equal(x.grad.reshape(6, 40).numpy(), _matmul(g2, w, seed=seed("backward.input"), **backward))
+    np.testing.assert_array_equal(layer.weight.grad.numpy(), _matmul(g2.T, x2, seed=seed("backward.weight"), **backward))
+    return x.grad, layer.weight.grad
     assert torch.equal(layer.bias.grad, grad.reshape(6, 6).sum(0))  # float32, as torch sums it
 
 
 @pytest.mark.parametrize("unit,in_format", UNITS)
 def test_linear_gemms_equal_roundoff_matmul(unit, in_format):
     _linear_gemms_against_matmul(unit, in_format)
+
+
+HYBRID = dict(unit="mi300x", in_format="fp8-e4m3fnuz", grad_in_format="fp8-e5m2fnuz")
+
+
+def test_hybrid_fp8_takes_the_gradient_in_grad_in_format_in_both_backward_gemms():
+    # FP8 training's hybrid recipe on mi300x: e4m3 forward; the backward GEMMs take the
+    # gradient (A in both of Linear's) in e5m2: in_format fp8-e5m2fnuz:fp8-e4m3fnuz.
+    # Gradients of 2^-12 or so lie below e4m3fnuz's subnormals (2^-10) and within
+    # e5m2fnuz's range: the e4m3-only emulation loses them, the hybrid one keeps them.
+    hybrid = _linear_gemms_against_matmul(grad_scale=2.0 ** -12, **HYBRID)
+    e4m3_only = _linear_gemms_against_matmul("mi300x", "fp8-e4m3fnuz", grad_scale=2.0 ** -12)
+    for ours, theirs in zip(hybrid, e4m3_only):
+        assert ours.abs().sum() > 0 and not torch.equal(ours, theirs)
+    # grad_in_format equal to the forward's is the forward's unit: no pair.
+    same = _linear_gemms_against_matmul("mi300x", "fp8-e4m3fnuz", grad_in_format="fp8-e4m3fnuz", grad_scale=2.0 ** -12)
+    assert all(torch.equal(a, b) for a, b in zip(same, e4m3_only))
+
+
+def test_grad_in_format_on_a_unit_without_mixed_inputs_is_refused_naming_it():
+    with pytest.raises(ValueError, match=r"grad_in_format='fp8-e5m2'.*mixed inputs.*mi300x"):
+        rt.emulate(nn.Linear(2, 2), unit="h100", in_format="fp8-e4m3", grad_in_format="fp8-e5m2")
+    with pytest.raises(ValueError, match=r"grad_in_format='fp16'.*fp8-e5m2fnuz"):
+        rt.emulate(nn.Linear(2, 2), unit="mi300x", in_format="fp8-e4m3fnuz", grad_in_format="fp16")
 
 
 # A reference unit on a block format's dequantised values; scale rules ("up" is not
@@ -129,15 +165,16 @@ CONVS = [dict(stride=1, padding=0), dict(stride=2, padding=1, dilation=2), dict(
          dict(stride=1, padding=1, groups=2), dict(stride=1, padding="same", groups=4)]
 
 
-@pytest.mark.parametrize("unit,in_format", [("h100", None), ("ipu-amp", None), ("b200", "mxfp8-e4m3")])
+@pytest.mark.parametrize("unit,in_format,grad_in_format", [("h100", None, None), ("ipu-amp", None, None),
+                                                           ("b200", "mxfp8-e4m3", None), tuple(HYBRID.values())])
 @pytest.mark.parametrize("geometry", CONVS)
-def test_conv2d_equals_its_im2col_gemm(unit, in_format, geometry):
+def test_conv2d_equals_its_im2col_gemm(unit, in_format, grad_in_format, geometry):
     torch.manual_seed(2)
     conv = nn.Conv2d(4, 6 if geometry.get("groups", 1) != 4 else 4, 3, **geometry)
     x = torch.randn(2, 4, 7, 6, requires_grad=True)
     reference = F.conv2d(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups)
     rounding = "sr" if unit == "ipu-amp" else "rne"
-    rt.emulate(conv, unit=unit, in_format=in_format, rounding=rounding, seed=5)
+    rt.emulate(conv, unit=unit, in_format=in_format, grad_in_format=grad_in_format, rounding=rounding, seed=5)
     y = conv(x)
     assert y.shape == reference.shape
     grad = torch.randn(y.shape)
@@ -161,8 +198,9 @@ def test_conv2d_equals_its_im2col_gemm(unit, in_format, geometry):
                                                          seed=rt.layer_seed(5, "", "forward" + suffix, 0), **options))
         np.testing.assert_array_equal(conv.weight.grad.reshape(out_channels, -1).numpy()[o],
                                       _matmul(G[o], B[kk].T, seed=rt.layer_seed(5, "", "backward.weight" + suffix, 0),
-                                              **options))
-        grad_cols = _matmul(w2[o].T, G[o], seed=rt.layer_seed(5, "", "backward.input" + suffix, 0), **options)
+                                              **_backward_options(options, grad_in_format, "A")))
+        grad_cols = _matmul(w2[o].T, G[o], seed=rt.layer_seed(5, "", "backward.input" + suffix, 0),
+                            **_backward_options(options, grad_in_format, "B"))
         if g == 0:
             all_cols = np.zeros((k, n * positions))
         all_cols[kk] = grad_cols

@@ -24,7 +24,12 @@ are (image, output position) and the backward.weight's k is (image, output posit
 With groups > 1 each group is its own GEMM. The operands are rounded into the unit's
 input format with rne (a block format: A's rows and B's columns quantised along k, nvfp4
 with one tensor scale per matrix, as roundoff.matmul quantises them), the bias into its
-output format.
+output format. grad_in_format gives the gradient operand of the backward GEMMs its own
+format (mixed inputs; FP8 training's hybrid recipe: e4m3 forward, e5m2 gradients):
+    rt.emulate(model, unit="mi300x", in_format="fp8-e4m3fnuz", grad_in_format="fp8-e5m2fnuz")
+runs backward.input and backward.weight with the gradient in fp8-e5m2fnuz and the
+weight or activation in fp8-e4m3fnuz (in_format "fp8-e5m2fnuz:fp8-e4m3fnuz" where the
+gradient is A, as in every GEMM above but Conv2d's backward.input).
 
 Stays in the tensor's dtype (float32): the bias gradient (a sum over the batch),
 fold's sum of overlapping windows in backward.input (added in float64, rounded once to

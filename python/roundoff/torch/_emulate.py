@@ -34,6 +34,11 @@ def _text(value, name):
     return value
 
 
+def _mixed_inputs(a, b):
+    """The in_format naming A's format a and B's format b: "a", or the mixed inputs "a:b"."""
+    return a if a == b else f"{a}:{b}"
+
+
 def _format(value, name):
     try:
         roundoff.info(_text(value, name))
@@ -45,11 +50,12 @@ def _format(value, name):
 class _Emulation:
     """The settings of one emulate() call and the exceptions counted under it."""
 
-    def __init__(self, unit, in_format, out_format, scale_rule, act_format, grad_format, rounding, act_rounding,
-                 grad_rounding, seed, sr_bits, esr, overflow, tininess, fp_exceptions):
+    def __init__(self, unit, in_format, grad_in_format, out_format, scale_rule, act_format, grad_format, rounding,
+                 act_rounding, grad_rounding, seed, sr_bits, esr, overflow, tininess, fp_exceptions):
         if _text(fp_exceptions, "fp_exceptions") not in _FP_EXCEPTIONS:
             raise ValueError(f"emulate: fp_exceptions={fp_exceptions!r}: expected one of {', '.join(_FP_EXCEPTIONS)}")
-        for value, name in ((in_format, "in_format"), (out_format, "out_format"), (scale_rule, "scale_rule")):
+        for value, name in ((in_format, "in_format"), (grad_in_format, "grad_in_format"), (out_format, "out_format"),
+                            (scale_rule, "scale_rule")):
             if value is not None:
                 _text(value, name)
         for value, name in ((seed, "seed"), (sr_bits, "sr_bits")):
@@ -57,14 +63,24 @@ class _Emulation:
                 raise TypeError(f"emulate: {name} must be a non-negative int, not {value!r}")
         if not isinstance(esr, bool):
             raise TypeError(f"emulate: esr must be a bool, not {type(esr).__name__}")
+        def unit_for(formats):
+            return _core.TorchUnit(_text(unit, "unit"), formats, out_format, scale_rule, _text(rounding, "rounding"),
+                                   sr_bits, _text(overflow, "overflow"), _text(tininess, "tininess"), esr,
+                                   fp_exceptions)
         try:
-            self.unit = _core.TorchUnit(_text(unit, "unit"), in_format, out_format, scale_rule,
-                                         _text(rounding, "rounding"), sr_bits, _text(overflow, "overflow"),
-                                         _text(tininess, "tininess"), esr, fp_exceptions)
+            self.unit = unit_for(in_format)
+            # The unit of each GEMM by which operand is the gradient (None: neither, the
+            # forward). With grad_in_format, the gradient takes it and the other operand
+            # the forward's input format: the mixed inputs grad:in (gradient as A) or in:grad.
+            self.units = dict.fromkeys((None, "A", "B"), self.unit)
+            if grad_in_format is not None:
+                forward_in = self.unit.input_format
+                self.units["A"] = unit_for(_mixed_inputs(grad_in_format, forward_in))
+                self.units["B"] = unit_for(_mixed_inputs(forward_in, grad_in_format))
         except ValueError as error:
-            raise ValueError(f"emulate: unit={unit!r} (in_format={in_format!r}, out_format={out_format!r}, "
-                             f"scale_rule={scale_rule!r}, rounding={rounding!r}, overflow={overflow!r}, "
-                             f"tininess={tininess!r}): {error}") from None
+            raise ValueError(f"emulate: unit={unit!r} (in_format={in_format!r}, grad_in_format={grad_in_format!r}, "
+                             f"out_format={out_format!r}, scale_rule={scale_rule!r}, rounding={rounding!r}, "
+                             f"overflow={overflow!r}, tininess={tininess!r}): {error}") from None
         for value, name in ((act_rounding, "act_rounding"), (grad_rounding, "grad_rounding")):
             if _text(value, name) not in ("rne", "rna", "rz", "ru", "rd", "ro", "sr"):
                 raise ValueError(f"emulate: {name}={value!r}: expected rne rna rz ru rd ro sr")
@@ -109,12 +125,13 @@ class _Layer:
         return self.calls - 1
 
     def gemm(self, op, call, A, B, out, *, a_columns=False, b_columns=False, out_columns=False, bias=None,
-             bias_axis=1):
+             bias_axis=1, gradient=None):
         """out = A B (+ bias) through the unit; rank-3 operands stack matrices by rows, or by
-        columns where *_columns says so (_core.MatrixView)."""
+        columns where *_columns says so (_core.MatrixView). gradient: which operand ("A",
+        "B") is the gradient in a backward GEMM (it picks the unit: grad_in_format)."""
         e = self.emulation
         bias = None if bias is None else bias.detach().numpy()
-        _, counts = e.unit.gemm(_view(A, a_columns, "A"), _view(B, b_columns, "B"), bias, bias_axis,
+        _, counts = e.units[gradient].gemm(_view(A, a_columns, "A"), _view(B, b_columns, "B"), bias, bias_axis,
                                 _view(out, out_columns, "out"), layer_seed(e.seed, self.scope, op, call), self.scope,
                                 op.split(".g")[0])
         e.record(self.scope, op.split(".g")[0], counts)
@@ -146,12 +163,12 @@ class _LinearFunction(torch.autograd.Function):
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
             grad_x = torch.empty_like(x2)
-            layer.gemm("backward.input", call, g2, weight, grad_x)
+            layer.gemm("backward.input", call, g2, weight, grad_x, gradient="A")
             layer.emulation.round(grad_x, layer.emulation.grad, layer.scope, "round.backward", call)
             grad_x = grad_x.reshape(ctx.x_shape)
         if ctx.needs_input_grad[1]:
             grad_weight = torch.empty_like(weight, memory_format=torch.contiguous_format)
-            layer.gemm("backward.weight", call, g2.t(), x2, grad_weight)
+            layer.gemm("backward.weight", call, g2.t(), x2, grad_weight, gradient="A")
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = g2.sum(0)
         return grad_x, grad_weight, grad_bias, None
@@ -203,7 +220,7 @@ class _Conv2dFunction(torch.autograd.Function):
             for g in range(groups):
                 o, k = slice(g * ocg, (g + 1) * ocg), slice(g * kg, (g + 1) * kg)
                 layer.gemm("backward.input" + (f".g{g}" if g else ""), call, w2[o].t(), g3[:, o], grad_cols[:, k],
-                           b_columns=True, out_columns=True)
+                           b_columns=True, out_columns=True, gradient="B")
             folded = F.fold(grad_cols, padded, module.kernel_size, dilation=module.dilation, stride=module.stride)
             left, right, top, bottom = pad
             grad_x = folded[:, :, top:padded[0] - bottom, left:padded[1] - right].to(weight.dtype).contiguous()
@@ -213,7 +230,7 @@ class _Conv2dFunction(torch.autograd.Function):
             for g in range(groups):
                 o, k = slice(g * ocg, (g + 1) * ocg), slice(g * kg, (g + 1) * kg)
                 layer.gemm("backward.weight" + (f".g{g}" if g else ""), call, g3[:, o], cols[:, k].transpose(1, 2),
-                           grad_weight[o], a_columns=True)
+                           grad_weight[o], a_columns=True, gradient="A")
             grad_weight = grad_weight.view_as(weight)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = g3.sum((0, 2))
@@ -249,14 +266,20 @@ def _kept(name, module, keep_float32):
                for k in keep_float32)
 
 
-def emulate(model, unit, *, in_format=None, out_format=None, scale_rule=None, act_format="fp32",
+def emulate(model, unit, *, in_format=None, grad_in_format=None, out_format=None, scale_rule=None, act_format="fp32",
             grad_format="fp32", rounding="rne", act_rounding="rne", grad_rounding="rne", seed=0, sr_bits=0, esr=False,
             overflow="inf", tininess="before", fp_exceptions="off", keep_float32=()):
     """Runs every nn.Linear and nn.Conv2d of `model` through `unit`; returns `model` itself.
 
     unit, in_format, out_format, scale_rule, rounding, sr_bits, overflow, tininess: as
     roundoff.matmul (in_format a block format: b200's block-scaled MMA, or the reference
-    units exact, fp32-seq and fp16-seq on its dequantised values); esr: $FP_CTL.ESR (the
+    units exact, fp32-seq and fp16-seq on its dequantised values; "A:B" the mixed inputs
+    A's and B's formats, mi300x's fp8 with bf8). grad_in_format: the gradient's format in
+    the backward GEMMs (default: as the forward's), the other operand staying in the
+    forward's input format: the mixed inputs grad_in_format:in_format where the gradient
+    is A, in_format:grad_in_format where it is B. FP8 training's "hybrid" recipe (e4m3
+    forward, e5m2 gradients): unit="mi300x", in_format="fp8-e4m3fnuz",
+    grad_in_format="fp8-e5m2fnuz"; a unit without mixed inputs refuses it. esr: $FP_CTL.ESR (the
     IPU's stochastic rounding of its fp16 roundings: ipu-amp-half's partials; ipu-amp's
     fp32 partials round to nearest, as the hardware's do). act_format/act_rounding: each emulated module's output rounded
     into it; grad_format/grad_rounding: the gradient each passes back; sr_bits,
@@ -270,7 +293,7 @@ def emulate(model, unit, *, in_format=None, out_format=None, scale_rule=None, ac
         raise TypeError(f"emulate: model must be a torch.nn.Module, not {type(model).__name__}")
     if not isinstance(keep_float32, (tuple, list, set)):
         keep_float32 = (keep_float32,)
-    emulation = _Emulation(unit, in_format, out_format, scale_rule, act_format, grad_format, rounding,
+    emulation = _Emulation(unit, in_format, grad_in_format, out_format, scale_rule, act_format, grad_format, rounding,
                            act_rounding, grad_rounding, seed, sr_bits, esr, overflow, tininess, fp_exceptions)
     kept, chosen, fused = [], [], []
     for name, module in model.named_modules():
