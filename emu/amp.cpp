@@ -498,6 +498,45 @@ template <class Isa, bool kHalfPartials, class Vec = typename Isa::Vec>
   return Isa::all(keeps);
 }
 
+// A phase's checks over a tile (the comment above, steps 2 and 3), as the kernel's
+// vectors need them.
+template <class Isa>
+struct PhaseChecks {
+  typename Isa::Vec a0, a1, a2, a3;
+  bool products_fit;              // (a) for the whole tile
+  typename Isa::Bounds c_bounds;  // (b) and (c): c_max and c_min
+  typename Isa::Vec max_abs, half_bound;  // (a) column by column where products_fit is false
+};
+
+// The phase on one vector of lanes (running values c, the panel's columns at col):
+// returns the next running values in `result` and `keep` narrowed to the lanes whose
+// checks pass. Where every lane of every vector passes, the masks that each vector
+// starts from are all-ones, so INEXACT is seen where `keep` admits it.
+template <class Isa, bool kHalfPartials, bool kTrackInexact, class Vec = typename Isa::Vec>
+[[gnu::always_inline]] inline typename Isa::Mask phase_vector(const PhaseChecks<Isa>& checks, const double* col,
+                                                              const Vec& c, typename Isa::Mask keep, Vec& result,
+                                                              typename Isa::Mask& inexact) {
+  Vec products = Isa::mul(checks.a0, Isa::load(col));
+  products = Isa::fmadd(checks.a1, Isa::load(col + kTile), products);
+  products = Isa::fmadd(checks.a2, Isa::load(col + 2 * kTile), products);
+  products = Isa::fmadd(checks.a3, Isa::load(col + 3 * kTile), products);
+  const Vec sum = Isa::add(c, products);
+  keep = Isa::exact_sum_where(keep, c, checks.c_bounds);
+  if (!checks.products_fit) {
+    const Vec products_bound = Isa::mul(checks.max_abs, Isa::load(col + kPhase * kTile));
+    keep = Isa::at_most_where(keep, products_bound, Isa::mul(checks.half_bound, Isa::load(col + (kPhase + 1) * kTile)));
+  }
+  const typename Isa::Single single = Isa::to_single(sum);
+  result = Isa::widen(single);
+  if constexpr (kTrackInexact) inexact = Isa::either(inexact, Isa::both(keep, Isa::differ(result, sum)));
+  if constexpr (kHalfPartials) {
+    keep = Isa::normal_or_zero_fp16_where(keep, single);
+    result = Isa::widen(Isa::to_fp16(single));
+    if constexpr (kTrackInexact) inexact = Isa::either(inexact, Isa::both(keep, Isa::differ(result, sum)));
+  }
+  return keep;
+}
+
 // Phases [p, end) (within one chunk) of one row over one tile, without calls so that
 // the running values stay in registers. Returns `end`, or the first phase where a lane
 // failed a check, with `lanes` as before that phase and the phase's kernel results in
@@ -510,7 +549,6 @@ template <class Isa, bool kHalfPartials, bool kTrackInexact, class Vec = typenam
   constexpr std::size_t kLanes = Isa::kLanes, kVectors = kTile / kLanes;
   const RowPhase* row = phases.row;  // phases p .. end lie in one chunk: consecutive
   const double* panel = phases.panel;
-  const Vec zero = Isa::zero();
   Mask inexact = Isa::none();
   Vec running[kVectors];
   for (std::size_t v = 0; v < kVectors; ++v) running[v] = Isa::load(lanes + v * kLanes);
@@ -518,46 +556,25 @@ template <class Isa, bool kHalfPartials, bool kTrackInexact, class Vec = typenam
     const RowPhase& r = *row;
     if (r.max_abs == 0 && zero_phase_keeps<Isa, kHalfPartials>(running)) continue;  // step 6 above
     const TilePhase& t = phases.tile_bounds[p];
-    // Conditions (a) to (c) of the comment above, as bounds on |c|.
-    const bool products_fit = r.max_abs * t.max_sum_ratio <= 0.5 * r.bound;
-    const Vec c_max = Isa::set1(0.5 * r.bound * t.min_bound);
-    const Vec c_min = Isa::set1(std::fma(r.max_abs * t.max_sum, 0x1.0000000001p-27, 0x1p-100));
-    const Vec a0 = Isa::set1(r.a[0]), a1 = Isa::set1(r.a[1]), a2 = Isa::set1(r.a[2]), a3 = Isa::set1(r.a[3]);
+    // Conditions (a) to (c) of the comment above, (b) and (c) as bounds on |c|.
+    const PhaseChecks<Isa> checks{
+        Isa::set1(r.a[0]), Isa::set1(r.a[1]), Isa::set1(r.a[2]), Isa::set1(r.a[3]),
+        r.max_abs * t.max_sum_ratio <= 0.5 * r.bound,
+        Isa::bounds(0.5 * r.bound * t.min_bound, std::fma(r.max_abs * t.max_sum, 0x1.0000000001p-27, 0x1p-100)),
+        Isa::set1(r.max_abs), Isa::set1(0.5 * r.bound)};
+    // One mask through every vector: a lane that fails anywhere fails the phase.
     Vec next[kVectors];
-    Mask fine[kVectors];
     Mask all_fine = Isa::all_set();
-    for (std::size_t v = 0; v < kVectors; ++v) {
-      const double* col = panel + v * kLanes;
-      const Vec c = running[v];
-      Vec products = Isa::mul(a0, Isa::load(col));
-      products = Isa::fmadd(a1, Isa::load(col + kTile), products);
-      products = Isa::fmadd(a2, Isa::load(col + 2 * kTile), products);
-      products = Isa::fmadd(a3, Isa::load(col + 3 * kTile), products);
-      const Vec sum = Isa::add(c, products);
-      const Vec c_magnitude = Isa::magnitude(c);
-      Mask ok = Isa::either(Isa::both(Isa::at_least(c_magnitude, c_min), Isa::at_most(c_magnitude, c_max)),
-                            Isa::equal(c, zero));
-      if (!products_fit) {
-        const Vec products_bound = Isa::mul(Isa::set1(r.max_abs), Isa::load(col + kPhase * kTile));
-        const Vec half_bound = Isa::mul(Isa::set1(0.5 * r.bound), Isa::load(col + (kPhase + 1) * kTile));
-        ok = Isa::both(ok, Isa::at_most(products_bound, half_bound));
-      }
-      const typename Isa::Single single = Isa::to_single(sum);
-      Vec result = Isa::widen(single);
-      if constexpr (kTrackInexact) inexact = Isa::either(inexact, Isa::both(ok, Isa::differ(result, sum)));
-      if constexpr (kHalfPartials) {
-        ok = Isa::both(ok, Isa::normal_or_zero_fp16(single));
-        result = Isa::widen(Isa::to_fp16(single));
-        if constexpr (kTrackInexact) inexact = Isa::either(inexact, Isa::both(ok, Isa::differ(result, sum)));
-      }
-      next[v] = result;
-      fine[v] = ok;
-      all_fine = Isa::both(all_fine, ok);
-    }
+    for (std::size_t v = 0; v < kVectors; ++v)
+      all_fine = phase_vector<Isa, kHalfPartials, kTrackInexact>(checks, panel + v * kLanes, running[v], all_fine,
+                                                                 next[v], inexact);
     if (!Isa::all(all_fine)) {
+      // Each vector's own checks and INEXACT, for the lanes that passed them.
       for (std::size_t v = 0; v < kVectors; ++v) {
+        const Mask fine = phase_vector<Isa, kHalfPartials, kTrackInexact>(checks, panel + v * kLanes, running[v],
+                                                                          Isa::all_set(), next[v], inexact);
         Isa::store(phases.failed_next + v * kLanes, next[v]);
-        Isa::store_mask(phases.failed_fine + v * kLanes, fine[v]);
+        Isa::store_mask(phases.failed_fine + v * kLanes, fine);
       }
       break;
     }
@@ -608,6 +625,19 @@ struct Avx2Kernel {
   }
   static Mask fp16_values(Vec x) { return simd::fp16_values(x); }
 
+  // The checks, each narrowing a mask `keep`.
+  struct Bounds {
+    Vec c_max, c_min;
+  };
+  static Bounds bounds(double c_max, double c_min) { return {set1(c_max), set1(c_min)}; }
+  // c == 0, or c_min <= |c| <= c_max.
+  static Mask exact_sum_where(Mask keep, Vec c, const Bounds& b) {
+    const Vec m = magnitude(c);
+    return both(keep, either(both(at_least(m, b.c_min), at_most(m, b.c_max)), equal(c, zero())));
+  }
+  static Mask at_most_where(Mask keep, Vec a, Vec b) { return both(keep, at_most(a, b)); }
+  static Mask normal_or_zero_fp16_where(Mask keep, Single x) { return both(keep, normal_or_zero_fp16(x)); }
+
   template <bool kHalfPartials, bool kTrackInexact>
   static std::size_t run(const KernelPhases& phases, std::size_t p, std::size_t end, double* lanes, bool& inexact) {
     return kernel_body<Avx2Kernel, kHalfPartials, kTrackInexact>(phases, p, end, lanes, inexact);
@@ -653,12 +683,27 @@ struct Avx512Kernel {
   static Single to_single(Vec x) { return _mm512_cvtpd_ps(x); }
   static Vec widen(Single x) { return _mm512_cvtps_pd(x); }
   static Single to_fp16(Single x) { return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT)); }
-  // Zero, or normal and finite in fp16 (normal_or_zero on eight lanes).
-  static Mask normal_or_zero_fp16(Single x) {
-    const __m256 m = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
-    const Mask in_range = static_cast<Mask>(_mm256_cmp_ps_mask(m, _mm256_set1_ps(0x1p-14f), _CMP_GE_OQ) &
-                                            _mm256_cmp_ps_mask(m, _mm256_set1_ps(65504.0f), _CMP_LE_OQ));
-    return static_cast<Mask>(in_range | _mm256_cmp_ps_mask(x, _mm256_setzero_ps(), _CMP_EQ_OQ));
+  // The checks as comparisons masked by `keep` (no mask arithmetic). On the patterns of
+  // magnitudes, ordered as the values: c == 0 or c_min <= |c| <= c_max is
+  // |c| - 1 >= c_min - 1 (unsigned: 0 - 1 is the largest) and |c| <= c_max; NaN fails.
+  struct Bounds {
+    __m512i c_max, c_min_less_one;
+  };
+  static Bounds bounds(double c_max, double c_min) {
+    return {_mm512_set1_epi64(std::bit_cast<std::int64_t>(c_max)), _mm512_set1_epi64(std::bit_cast<std::int64_t>(c_min) - 1)};
+  }
+  static Mask exact_sum_where(Mask keep, Vec c, const Bounds& b) {
+    const __m512i m = _mm512_castpd_si512(magnitude(c));
+    keep = _mm512_mask_cmp_epu64_mask(keep, _mm512_sub_epi64(m, _mm512_set1_epi64(1)), b.c_min_less_one, _MM_CMPINT_NLT);
+    return _mm512_mask_cmp_epu64_mask(keep, m, b.c_max, _MM_CMPINT_LE);
+  }
+  static Mask at_most_where(Mask keep, Vec a, Vec b) { return _mm512_mask_cmp_pd_mask(keep, a, b, _CMP_LE_OQ); }
+  // Zero, or normal and finite in fp16, as exact_sum_where on 32-bit patterns.
+  static Mask normal_or_zero_fp16_where(Mask keep, Single x) {
+    const __m256i m = _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7FFFFFFF));
+    keep = _mm256_mask_cmp_epu32_mask(keep, _mm256_sub_epi32(m, _mm256_set1_epi32(1)),
+                                      _mm256_set1_epi32(std::bit_cast<std::int32_t>(0x1p-14f) - 1), _MM_CMPINT_NLT);
+    return _mm256_mask_cmp_epu32_mask(keep, m, _mm256_set1_epi32(std::bit_cast<std::int32_t>(65504.0f)), _MM_CMPINT_LE);
   }
   // Finite fp16 values (simd::fp16_values on eight lanes).
   static Mask fp16_values(Vec x) {
