@@ -511,9 +511,9 @@ struct PhaseChecks {
 
 // The phase on one vector of lanes (running values c, the panel's columns at col):
 // returns the next running values in `result` and `keep` narrowed to the lanes whose
-// checks pass. Where every lane of every vector passes, the masks that each vector
+// checks pass. kProductsFit: checks.products_fit (a branch per phase, not per vector). Where every lane of every vector passes, the masks that each vector
 // starts from are all-ones, so INEXACT is seen where `keep` admits it.
-template <class Isa, bool kHalfPartials, bool kTrackInexact, class Vec = typename Isa::Vec>
+template <class Isa, bool kHalfPartials, bool kTrackInexact, bool kProductsFit, class Vec = typename Isa::Vec>
 [[gnu::always_inline]] inline typename Isa::Mask phase_vector(const PhaseChecks<Isa>& checks, const double* col,
                                                               const Vec& c, typename Isa::Mask keep, Vec& result,
                                                               typename Isa::Mask& inexact) {
@@ -523,7 +523,7 @@ template <class Isa, bool kHalfPartials, bool kTrackInexact, class Vec = typenam
   products = Isa::fmadd(checks.a3, Isa::load(col + 3 * kTile), products);
   const Vec sum = Isa::add(c, products);
   keep = Isa::exact_sum_where(keep, c, checks.c_bounds);
-  if (!checks.products_fit) {
+  if constexpr (!kProductsFit) {
     const Vec products_bound = Isa::mul(checks.max_abs, Isa::load(col + kPhase * kTile));
     keep = Isa::at_most_where(keep, products_bound, Isa::mul(checks.half_bound, Isa::load(col + (kPhase + 1) * kTile)));
   }
@@ -566,14 +566,24 @@ template <class Isa, bool kHalfPartials, bool kTrackInexact, class Vec = typenam
     // One mask through every vector: a lane that fails anywhere fails the phase.
     Vec next[kVectors];
     Mask all_fine = Isa::all_set();
-    for (std::size_t v = 0; v < kVectors; ++v)
-      all_fine = phase_vector<Isa, kHalfPartials, kTrackInexact>(checks, panel + v * kLanes, running[v], all_fine,
-                                                                 next[v], inexact);
+    if (checks.products_fit) {
+      for (std::size_t v = 0; v < kVectors; ++v)
+        all_fine = phase_vector<Isa, kHalfPartials, kTrackInexact, true>(checks, panel + v * kLanes, running[v],
+                                                                         all_fine, next[v], inexact);
+    } else {
+      for (std::size_t v = 0; v < kVectors; ++v)
+        all_fine = phase_vector<Isa, kHalfPartials, kTrackInexact, false>(checks, panel + v * kLanes, running[v],
+                                                                          all_fine, next[v], inexact);
+    }
     if (!Isa::all(all_fine)) {
       // Each vector's own checks and INEXACT, for the lanes that passed them.
       for (std::size_t v = 0; v < kVectors; ++v) {
-        const Mask fine = phase_vector<Isa, kHalfPartials, kTrackInexact>(checks, panel + v * kLanes, running[v],
-                                                                          Isa::all_set(), next[v], inexact);
+        const Mask fine =
+            checks.products_fit
+                ? phase_vector<Isa, kHalfPartials, kTrackInexact, true>(checks, panel + v * kLanes, running[v],
+                                                                        Isa::all_set(), next[v], inexact)
+                : phase_vector<Isa, kHalfPartials, kTrackInexact, false>(checks, panel + v * kLanes, running[v],
+                                                                         Isa::all_set(), next[v], inexact);
         Isa::store(phases.failed_next + v * kLanes, next[v]);
         Isa::store_mask(phases.failed_fine + v * kLanes, fine);
       }
