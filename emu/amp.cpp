@@ -328,6 +328,8 @@ class AmpRun {
 //     that is finite, non-zero and a value of the partials format, R + (+-0) = R exactly
 //     and its roundings leave it, so the kernel skips the phase. (A zero R could change
 //     sign; a NaN would come back as the model's canonical NaN: those lanes compute.)
+// B is packed once per gemm (PackedColumns: its panels and bounds), and the bands of
+// rows that MatrixUnit::gemm's threads take, and amp_conv2d's images, read it.
 // Builds without AVX2, FMA and F16C take the exact path.
 namespace fast {
 
