@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "exact_sum.hpp"
+#include "threads.hpp"
 
 #include "simd.hpp"
 
@@ -327,6 +328,8 @@ class AmpRun {
 //     that is finite, non-zero and a value of the partials format, R + (+-0) = R exactly
 //     and its roundings leave it, so the kernel skips the phase. (A zero R could change
 //     sign; a NaN would come back as the model's canonical NaN: those lanes compute.)
+// B is packed once per gemm (PackedColumns: its panels and bounds), and the bands of
+// rows that MatrixUnit::gemm's threads take, and amp_conv2d's images, read it.
 // Builds without AVX2, FMA and F16C take the exact path.
 namespace fast {
 
@@ -498,6 +501,45 @@ template <class Isa, bool kHalfPartials, class Vec = typename Isa::Vec>
   return Isa::all(keeps);
 }
 
+// A phase's checks over a tile (the comment above, steps 2 and 3), as the kernel's
+// vectors need them.
+template <class Isa>
+struct PhaseChecks {
+  typename Isa::Vec a0, a1, a2, a3;
+  bool products_fit;              // (a) for the whole tile
+  typename Isa::Bounds c_bounds;  // (b) and (c): c_max and c_min
+  typename Isa::Vec max_abs, half_bound;  // (a) column by column where products_fit is false
+};
+
+// The phase on one vector of lanes (running values c, the panel's columns at col):
+// returns the next running values in `result` and `keep` narrowed to the lanes whose
+// checks pass. kProductsFit: checks.products_fit (a branch per phase, not per vector). Where every lane of every vector passes, the masks that each vector
+// starts from are all-ones, so INEXACT is seen where `keep` admits it.
+template <class Isa, bool kHalfPartials, bool kTrackInexact, bool kProductsFit, class Vec = typename Isa::Vec>
+[[gnu::always_inline]] inline typename Isa::Mask phase_vector(const PhaseChecks<Isa>& checks, const double* col,
+                                                              const Vec& c, typename Isa::Mask keep, Vec& result,
+                                                              typename Isa::Mask& inexact) {
+  Vec products = Isa::mul(checks.a0, Isa::load(col));
+  products = Isa::fmadd(checks.a1, Isa::load(col + kTile), products);
+  products = Isa::fmadd(checks.a2, Isa::load(col + 2 * kTile), products);
+  products = Isa::fmadd(checks.a3, Isa::load(col + 3 * kTile), products);
+  const Vec sum = Isa::add(c, products);
+  keep = Isa::exact_sum_where(keep, c, checks.c_bounds);
+  if constexpr (!kProductsFit) {
+    const Vec products_bound = Isa::mul(checks.max_abs, Isa::load(col + kPhase * kTile));
+    keep = Isa::at_most_where(keep, products_bound, Isa::mul(checks.half_bound, Isa::load(col + (kPhase + 1) * kTile)));
+  }
+  const typename Isa::Single single = Isa::to_single(sum);
+  result = Isa::widen(single);
+  if constexpr (kTrackInexact) inexact = Isa::either(inexact, Isa::both(keep, Isa::differ(result, sum)));
+  if constexpr (kHalfPartials) {
+    keep = Isa::normal_or_zero_fp16_where(keep, single);
+    result = Isa::widen(Isa::to_fp16(single));
+    if constexpr (kTrackInexact) inexact = Isa::either(inexact, Isa::both(keep, Isa::differ(result, sum)));
+  }
+  return keep;
+}
+
 // Phases [p, end) (within one chunk) of one row over one tile, without calls so that
 // the running values stay in registers. Returns `end`, or the first phase where a lane
 // failed a check, with `lanes` as before that phase and the phase's kernel results in
@@ -510,7 +552,6 @@ template <class Isa, bool kHalfPartials, bool kTrackInexact, class Vec = typenam
   constexpr std::size_t kLanes = Isa::kLanes, kVectors = kTile / kLanes;
   const RowPhase* row = phases.row;  // phases p .. end lie in one chunk: consecutive
   const double* panel = phases.panel;
-  const Vec zero = Isa::zero();
   Mask inexact = Isa::none();
   Vec running[kVectors];
   for (std::size_t v = 0; v < kVectors; ++v) running[v] = Isa::load(lanes + v * kLanes);
@@ -518,46 +559,35 @@ template <class Isa, bool kHalfPartials, bool kTrackInexact, class Vec = typenam
     const RowPhase& r = *row;
     if (r.max_abs == 0 && zero_phase_keeps<Isa, kHalfPartials>(running)) continue;  // step 6 above
     const TilePhase& t = phases.tile_bounds[p];
-    // Conditions (a) to (c) of the comment above, as bounds on |c|.
-    const bool products_fit = r.max_abs * t.max_sum_ratio <= 0.5 * r.bound;
-    const Vec c_max = Isa::set1(0.5 * r.bound * t.min_bound);
-    const Vec c_min = Isa::set1(std::fma(r.max_abs * t.max_sum, 0x1.0000000001p-27, 0x1p-100));
-    const Vec a0 = Isa::set1(r.a[0]), a1 = Isa::set1(r.a[1]), a2 = Isa::set1(r.a[2]), a3 = Isa::set1(r.a[3]);
+    // Conditions (a) to (c) of the comment above, (b) and (c) as bounds on |c|.
+    const PhaseChecks<Isa> checks{
+        Isa::set1(r.a[0]), Isa::set1(r.a[1]), Isa::set1(r.a[2]), Isa::set1(r.a[3]),
+        r.max_abs * t.max_sum_ratio <= 0.5 * r.bound,
+        Isa::bounds(0.5 * r.bound * t.min_bound, std::fma(r.max_abs * t.max_sum, 0x1.0000000001p-27, 0x1p-100)),
+        Isa::set1(r.max_abs), Isa::set1(0.5 * r.bound)};
+    // One mask through every vector: a lane that fails anywhere fails the phase.
     Vec next[kVectors];
-    Mask fine[kVectors];
     Mask all_fine = Isa::all_set();
-    for (std::size_t v = 0; v < kVectors; ++v) {
-      const double* col = panel + v * kLanes;
-      const Vec c = running[v];
-      Vec products = Isa::mul(a0, Isa::load(col));
-      products = Isa::fmadd(a1, Isa::load(col + kTile), products);
-      products = Isa::fmadd(a2, Isa::load(col + 2 * kTile), products);
-      products = Isa::fmadd(a3, Isa::load(col + 3 * kTile), products);
-      const Vec sum = Isa::add(c, products);
-      const Vec c_magnitude = Isa::magnitude(c);
-      Mask ok = Isa::either(Isa::both(Isa::at_least(c_magnitude, c_min), Isa::at_most(c_magnitude, c_max)),
-                            Isa::equal(c, zero));
-      if (!products_fit) {
-        const Vec products_bound = Isa::mul(Isa::set1(r.max_abs), Isa::load(col + kPhase * kTile));
-        const Vec half_bound = Isa::mul(Isa::set1(0.5 * r.bound), Isa::load(col + (kPhase + 1) * kTile));
-        ok = Isa::both(ok, Isa::at_most(products_bound, half_bound));
-      }
-      const typename Isa::Single single = Isa::to_single(sum);
-      Vec result = Isa::widen(single);
-      if constexpr (kTrackInexact) inexact = Isa::either(inexact, Isa::both(ok, Isa::differ(result, sum)));
-      if constexpr (kHalfPartials) {
-        ok = Isa::both(ok, Isa::normal_or_zero_fp16(single));
-        result = Isa::widen(Isa::to_fp16(single));
-        if constexpr (kTrackInexact) inexact = Isa::either(inexact, Isa::both(ok, Isa::differ(result, sum)));
-      }
-      next[v] = result;
-      fine[v] = ok;
-      all_fine = Isa::both(all_fine, ok);
+    if (checks.products_fit) {
+      for (std::size_t v = 0; v < kVectors; ++v)
+        all_fine = phase_vector<Isa, kHalfPartials, kTrackInexact, true>(checks, panel + v * kLanes, running[v],
+                                                                         all_fine, next[v], inexact);
+    } else {
+      for (std::size_t v = 0; v < kVectors; ++v)
+        all_fine = phase_vector<Isa, kHalfPartials, kTrackInexact, false>(checks, panel + v * kLanes, running[v],
+                                                                          all_fine, next[v], inexact);
     }
     if (!Isa::all(all_fine)) {
+      // Each vector's own checks and INEXACT, for the lanes that passed them.
       for (std::size_t v = 0; v < kVectors; ++v) {
+        const Mask fine =
+            checks.products_fit
+                ? phase_vector<Isa, kHalfPartials, kTrackInexact, true>(checks, panel + v * kLanes, running[v],
+                                                                        Isa::all_set(), next[v], inexact)
+                : phase_vector<Isa, kHalfPartials, kTrackInexact, false>(checks, panel + v * kLanes, running[v],
+                                                                         Isa::all_set(), next[v], inexact);
         Isa::store(phases.failed_next + v * kLanes, next[v]);
-        Isa::store_mask(phases.failed_fine + v * kLanes, fine[v]);
+        Isa::store_mask(phases.failed_fine + v * kLanes, fine);
       }
       break;
     }
@@ -608,6 +638,19 @@ struct Avx2Kernel {
   }
   static Mask fp16_values(Vec x) { return simd::fp16_values(x); }
 
+  // The checks, each narrowing a mask `keep`.
+  struct Bounds {
+    Vec c_max, c_min;
+  };
+  static Bounds bounds(double c_max, double c_min) { return {set1(c_max), set1(c_min)}; }
+  // c == 0, or c_min <= |c| <= c_max.
+  static Mask exact_sum_where(Mask keep, Vec c, const Bounds& b) {
+    const Vec m = magnitude(c);
+    return both(keep, either(both(at_least(m, b.c_min), at_most(m, b.c_max)), equal(c, zero())));
+  }
+  static Mask at_most_where(Mask keep, Vec a, Vec b) { return both(keep, at_most(a, b)); }
+  static Mask normal_or_zero_fp16_where(Mask keep, Single x) { return both(keep, normal_or_zero_fp16(x)); }
+
   template <bool kHalfPartials, bool kTrackInexact>
   static std::size_t run(const KernelPhases& phases, std::size_t p, std::size_t end, double* lanes, bool& inexact) {
     return kernel_body<Avx2Kernel, kHalfPartials, kTrackInexact>(phases, p, end, lanes, inexact);
@@ -653,12 +696,27 @@ struct Avx512Kernel {
   static Single to_single(Vec x) { return _mm512_cvtpd_ps(x); }
   static Vec widen(Single x) { return _mm512_cvtps_pd(x); }
   static Single to_fp16(Single x) { return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT)); }
-  // Zero, or normal and finite in fp16 (normal_or_zero on eight lanes).
-  static Mask normal_or_zero_fp16(Single x) {
-    const __m256 m = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
-    const Mask in_range = static_cast<Mask>(_mm256_cmp_ps_mask(m, _mm256_set1_ps(0x1p-14f), _CMP_GE_OQ) &
-                                            _mm256_cmp_ps_mask(m, _mm256_set1_ps(65504.0f), _CMP_LE_OQ));
-    return static_cast<Mask>(in_range | _mm256_cmp_ps_mask(x, _mm256_setzero_ps(), _CMP_EQ_OQ));
+  // The checks as comparisons masked by `keep` (no mask arithmetic). On the patterns of
+  // magnitudes, ordered as the values: c == 0 or c_min <= |c| <= c_max is
+  // |c| - 1 >= c_min - 1 (unsigned: 0 - 1 is the largest) and |c| <= c_max; NaN fails.
+  struct Bounds {
+    __m512i c_max, c_min_less_one;
+  };
+  static Bounds bounds(double c_max, double c_min) {
+    return {_mm512_set1_epi64(std::bit_cast<std::int64_t>(c_max)), _mm512_set1_epi64(std::bit_cast<std::int64_t>(c_min) - 1)};
+  }
+  static Mask exact_sum_where(Mask keep, Vec c, const Bounds& b) {
+    const __m512i m = _mm512_castpd_si512(magnitude(c));
+    keep = _mm512_mask_cmp_epu64_mask(keep, _mm512_sub_epi64(m, _mm512_set1_epi64(1)), b.c_min_less_one, _MM_CMPINT_NLT);
+    return _mm512_mask_cmp_epu64_mask(keep, m, b.c_max, _MM_CMPINT_LE);
+  }
+  static Mask at_most_where(Mask keep, Vec a, Vec b) { return _mm512_mask_cmp_pd_mask(keep, a, b, _CMP_LE_OQ); }
+  // Zero, or normal and finite in fp16, as exact_sum_where on 32-bit patterns.
+  static Mask normal_or_zero_fp16_where(Mask keep, Single x) {
+    const __m256i m = _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7FFFFFFF));
+    keep = _mm256_mask_cmp_epu32_mask(keep, _mm256_sub_epi32(m, _mm256_set1_epi32(1)),
+                                      _mm256_set1_epi32(std::bit_cast<std::int32_t>(0x1p-14f) - 1), _MM_CMPINT_NLT);
+    return _mm256_mask_cmp_epu32_mask(keep, m, _mm256_set1_epi32(std::bit_cast<std::int32_t>(65504.0f)), _MM_CMPINT_LE);
   }
   // Finite fp16 values (simd::fp16_values on eight lanes).
   static Mask fp16_values(Vec x) {
@@ -686,25 +744,92 @@ bool cpu_has_avx512_kernel() {
 
 bool use_avx512_kernel() { return selected_kernel.load(std::memory_order_relaxed) != 0 && cpu_has_avx512_kernel(); }
 
+// B packed for the kernel (once per gemm, however many bands of rows read it).
+class PackedColumns {
+ public:
+  // Per tile of kTile columns and per phase: the phase's rows of B (zero-padded), then
+  // per column sum |b| (exact: fp16 values within 2^-24 .. 2^16) and the bound, and
+  // the bounds over the tile (padding columns, all zero, change none of them).
+  bool pack(const double* B, std::size_t ldb, std::size_t n, std::size_t k) {
+    n_ = n;
+    k_ = k;
+    phases_ = (k + kPhase - 1) / kPhase;
+    tiles_ = (n + kTile - 1) / kTile;
+    panels_.assign(tiles_ * phases_ * kPanelRows * kTile, 0.0);
+    tile_bounds_.resize(tiles_ * phases_);
+    __m256d valid = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
+    for (std::size_t tile = 0; tile < tiles_; ++tile)
+      for (std::size_t p = 0; p < phases_; ++p) {
+        double* panel = panels_.data() + (tile * phases_ + p) * kPanelRows * kTile;
+        const std::size_t first_column = tile * kTile, width = std::min(kTile, n_ - first_column);
+        for (std::size_t q = 0; q < std::min(kPhase, k_ - p * kPhase); ++q) {
+          const double* b = B + (p * kPhase + q) * ldb + first_column;
+          if (width == kTile) {  // a short fixed-size copy, which std::copy would not unroll
+            for (std::size_t v = 0; v < kVectors; ++v)
+              _mm256_storeu_pd(panel + q * kTile + v * kLanes, _mm256_loadu_pd(b + v * kLanes));
+          } else {
+            std::copy(b, b + width, panel + q * kTile);
+          }
+        }
+        __m256d min_bound = _mm256_set1_pd(std::numeric_limits<double>::infinity());
+        __m256d max_sum = _mm256_setzero_pd(), max_sum_ratio = _mm256_setzero_pd();
+        for (std::size_t v = 0; v < kVectors; ++v) {
+          __m256d sum = _mm256_setzero_pd();
+          __m256d bound = _mm256_set1_pd(std::numeric_limits<double>::infinity());
+          for (std::size_t q = 0; q < kPhase; ++q) {
+            const __m256d b = _mm256_loadu_pd(panel + q * kTile + v * kLanes);
+            valid = _mm256_and_pd(valid, fp16_values(b));
+            sum = _mm256_add_pd(sum, magnitude(b));
+            bound = _mm256_min_pd(bound, lowest_bit_bounds(b));
+          }
+          _mm256_storeu_pd(panel + kPhase * kTile + v * kLanes, sum);
+          _mm256_storeu_pd(panel + (kPhase + 1) * kTile + v * kLanes, bound);
+          min_bound = _mm256_min_pd(min_bound, bound);
+          max_sum = _mm256_max_pd(max_sum, sum);
+          max_sum_ratio = _mm256_max_pd(max_sum_ratio, _mm256_div_pd(sum, bound));  // exact: bound is 2^e
+        }
+        tile_bounds_[tile * phases_ + p] = {min_lane(min_bound), max_lane(max_sum), max_lane(max_sum_ratio)};
+      }
+    return every_lane(valid);
+  }
+
+
+  std::size_t n() const { return n_; }
+  std::size_t k() const { return k_; }
+  std::size_t phases() const { return phases_; }
+  std::size_t tiles() const { return tiles_; }
+  // The tile's panel of phase p, and the tile's bounds indexed by phase.
+  const double* panel(std::size_t tile, std::size_t p) const {
+    return panels_.data() + (tile * phases_ + p) * kPanelRows * kTile;
+  }
+  const TilePhase* tile_bounds(std::size_t tile) const { return tile_bounds_.data() + tile * phases_; }
+
+ private:
+  std::size_t n_ = 0, k_ = 0, phases_ = 0, tiles_ = 0;
+  std::vector<double> panels_;
+  std::vector<TilePhase> tile_bounds_;
+};
+
 class Gemm {
  public:
-  Gemm(Context& ctx, const AmpConfig& cfg, std::size_t m, std::size_t n, std::size_t k, ElementNames names = {})
+  // B's values are those packed in `columns`.
+  Gemm(Context& ctx, const AmpConfig& cfg, std::size_t m, const PackedColumns& columns, ElementNames names = {})
       : cfg_(cfg), ctx_(ctx), names_(std::move(names)),
         scratch_(ctx.control.counted != 0 ? std::optional<Context>(scratch_context(ctx)) : std::nullopt),
-        counts_(ctx.control.counted != 0 ? m * n : 0), run_(scratch_ ? *scratch_ : ctx, cfg), m_(m), n_(n), k_(k),
-        phases_((k + kPhase - 1) / kPhase),
-        tiles_((n + kTile - 1) / kTile),
+        counts_(ctx.control.counted != 0 ? m * columns.n() : 0), run_(scratch_ ? *scratch_ : ctx, cfg),
+        columns_(columns), m_(m), n_(columns.n()), k_(columns.k()), phases_(columns.phases()), tiles_(columns.tiles()),
         chunk_(static_cast<std::size_t>(cfg.phases_per_pass) *
                ((kChunkPhases + static_cast<std::size_t>(cfg.phases_per_pass) - 1) /
                 static_cast<std::size_t>(cfg.phases_per_pass))) {}
 
-  // False, with nothing done, where an operand is not what the kernel takes (inputs not
-  // fp16 values, a finite partial that is not an fp32 value).
+  // False, with nothing done, where an operand is not what the kernel takes (A's values
+  // not fp16 values, a finite partial that is not an fp32 value). B (for the lanes that
+  // the exact model computes) holds the values packed.
   bool run(const double* A, std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) {
     for (std::size_t i = 0; i < m_; ++i)
       for (std::size_t j = 0; j < n_; ++j)
         if (!is_fp32_value_or_special(C[i * ldc + j])) return false;
-    if (!pack_rows(A, lda) || !pack_panels(B, ldb)) return false;
+    if (!pack_rows(A, lda)) return false;
     // Tiles of columns, each over chunks of whole passes, each chunk over all rows: the
     // chunk's panel stays in the L1 cache, the rows' values stream in order.
     std::vector<Channels> channels(m_);
@@ -735,7 +860,7 @@ class Gemm {
   // Chunk by chunk, row by row: the order in which the kernel reads them.
   RowPhase& row_phase(std::size_t i, std::size_t p) { return rows_[((p / chunk_) * m_ + i) * chunk_ + p % chunk_]; }
 
-  // Both false where a value is not a finite fp16 value.
+  // False where a value is not a finite fp16 value.
   bool pack_rows(const double* A, std::size_t lda) {
     rows_.resize(m_ * ((phases_ + chunk_ - 1) / chunk_) * chunk_);
     __m256d valid = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
@@ -747,48 +872,6 @@ class Gemm {
         valid = _mm256_and_pd(valid, fp16_values(a));
         r.max_abs = max_lane(magnitude(a));
         r.bound = min_lane(lowest_bit_bounds(a));
-      }
-    return every_lane(valid);
-  }
-
-  // Per tile of kTile columns and per phase: the phase's rows of B (zero-padded), then
-  // per column sum |b| (exact: fp16 values within 2^-24 .. 2^16) and the bound, and
-  // the bounds over the tile (padding columns, all zero, change none of them).
-  bool pack_panels(const double* B, std::size_t ldb) {
-    panels_.assign(tiles_ * phases_ * kPanelRows * kTile, 0.0);
-    tile_bounds_.resize(tiles_ * phases_);
-    __m256d valid = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
-    for (std::size_t tile = 0; tile < tiles_; ++tile)
-      for (std::size_t p = 0; p < phases_; ++p) {
-        double* panel = panels_.data() + (tile * phases_ + p) * kPanelRows * kTile;
-        const std::size_t first_column = tile * kTile, width = std::min(kTile, n_ - first_column);
-        for (std::size_t q = 0; q < phase_length(p); ++q) {
-          const double* b = B + (p * kPhase + q) * ldb + first_column;
-          if (width == kTile) {  // a short fixed-size copy, which std::copy would not unroll
-            for (std::size_t v = 0; v < kVectors; ++v)
-              _mm256_storeu_pd(panel + q * kTile + v * kLanes, _mm256_loadu_pd(b + v * kLanes));
-          } else {
-            std::copy(b, b + width, panel + q * kTile);
-          }
-        }
-        __m256d min_bound = _mm256_set1_pd(std::numeric_limits<double>::infinity());
-        __m256d max_sum = _mm256_setzero_pd(), max_sum_ratio = _mm256_setzero_pd();
-        for (std::size_t v = 0; v < kVectors; ++v) {
-          __m256d sum = _mm256_setzero_pd();
-          __m256d bound = _mm256_set1_pd(std::numeric_limits<double>::infinity());
-          for (std::size_t q = 0; q < kPhase; ++q) {
-            const __m256d b = _mm256_loadu_pd(panel + q * kTile + v * kLanes);
-            valid = _mm256_and_pd(valid, fp16_values(b));
-            sum = _mm256_add_pd(sum, magnitude(b));
-            bound = _mm256_min_pd(bound, lowest_bit_bounds(b));
-          }
-          _mm256_storeu_pd(panel + kPhase * kTile + v * kLanes, sum);
-          _mm256_storeu_pd(panel + (kPhase + 1) * kTile + v * kLanes, bound);
-          min_bound = _mm256_min_pd(min_bound, bound);
-          max_sum = _mm256_max_pd(max_sum, sum);
-          max_sum_ratio = _mm256_max_pd(max_sum_ratio, _mm256_div_pd(sum, bound));  // exact: bound is 2^e
-        }
-        tile_bounds_[tile * phases_ + p] = {min_lane(min_bound), max_lane(max_sum), max_lane(max_sum_ratio)};
       }
     return every_lane(valid);
   }
@@ -853,8 +936,8 @@ class Gemm {
   // failed_next_ and failed_fine_.
   template <bool kHalfPartials, bool kTrackInexact>
   std::size_t kernel(std::size_t tile, std::size_t i, std::size_t p, std::size_t end, double* lanes) {
-    const KernelPhases phases{&row_phase(i, p), tile_bounds_.data() + tile * phases_,
-                              panels_.data() + (tile * phases_ + p) * kPanelRows * kTile, failed_next_, failed_fine_};
+    const KernelPhases phases{&row_phase(i, p), columns_.tile_bounds(tile), columns_.panel(tile, p), failed_next_,
+                              failed_fine_};
     bool inexact = false;
     p = use_avx512_kernel() ? Avx512Kernel::run<kHalfPartials, kTrackInexact>(phases, p, end, lanes, inexact)
                             : Avx2Kernel::run<kHalfPartials, kTrackInexact>(phases, p, end, lanes, inexact);
@@ -904,22 +987,16 @@ class Gemm {
   std::optional<Context> scratch_;  // where AmpRun runs when the caller counts (step 5)
   ElementOrderCounts counts_;
   AmpRun run_;
+  const PackedColumns& columns_;
   std::size_t m_, n_, k_, phases_, tiles_;
   std::size_t chunk_;  // phases per chunk: whole passes, at least kChunkPhases
-  // The packed operands, in buffers kept per thread: a training step runs thousands of
+  // A's packed rows, in a buffer kept per thread: a training step runs thousands of
   // gemms of the same shapes, and fresh allocations of megabytes cost page faults.
-  struct Buffers {
-    std::vector<RowPhase> rows;
-    std::vector<double> panels;
-    std::vector<TilePhase> tile_bounds;
-  };
-  static Buffers& buffers() {
-    static thread_local Buffers b;
-    return b;
+  static std::vector<RowPhase>& row_buffer() {
+    static thread_local std::vector<RowPhase> rows;
+    return rows;
   }
-  std::vector<RowPhase>& rows_ = buffers().rows;
-  std::vector<double>& panels_ = buffers().panels;
-  std::vector<TilePhase>& tile_bounds_ = buffers().tile_bounds;
+  std::vector<RowPhase>& rows_ = row_buffer();
   bool inexact_ = false;
   // The kernel's results and checks (zero: failed) for the phase it stopped at.
   alignas(32) double failed_next_[kTile];
@@ -936,11 +1013,28 @@ bool applies(const Context& ctx, const AmpConfig& cfg) {
          (ctx.control.counted & (INEXACT | UFLO)) == 0 && host_rounds_to_nearest();
 }
 
-// C = A B + C through the fast path; false, with nothing done, where it does not apply.
-bool gemm(Context& ctx, const AmpConfig& cfg, std::size_t m, std::size_t n, std::size_t k, const double* A,
-          std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc, ElementNames names = {}) {
-  if (m == 0 || n == 0 || k == 0 || !applies(ctx, cfg)) return false;
-  return Gemm(ctx, cfg, m, n, k, std::move(names)).run(A, lda, B, ldb, C, ldc);
+// Packed columns kept per thread (fresh allocations of megabytes cost page faults), for
+// the calls of one thread in turn; `slot` tells apart those that are in use at once.
+enum class ColumnsSlot { gemm, conv };
+PackedColumns& columns_buffer(ColumnsSlot slot) {
+  static thread_local PackedColumns buffers[2];
+  return buffers[static_cast<int>(slot)];
+}
+
+// Packs B (k x n) into `columns` where the fast path applies; false, with nothing
+// packed, where it does not (or B holds a value that is not a finite fp16 value).
+bool pack_columns(const Context& ctx, const AmpConfig& cfg, std::size_t n, std::size_t k, const double* B,
+                  std::size_t ldb, PackedColumns& columns) {
+  return n != 0 && k != 0 && applies(ctx, cfg) && columns.pack(B, ldb, n, k);
+}
+
+// C = A B + C through the fast path, B (as packed in `columns`) shared by other calls;
+// false, with nothing done, where it does not apply.
+bool gemm_packed(Context& ctx, const AmpConfig& cfg, std::size_t m, const PackedColumns& columns, const double* A,
+                 std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc,
+                 ElementNames names = {}) {
+  if (m == 0 || !applies(ctx, cfg)) return false;
+  return Gemm(ctx, cfg, m, columns, std::move(names)).run(A, lda, B, ldb, C, ldc);
 }
 bool select_kernel(int implementation) {
   if (implementation != 0 && implementation != 1) return false;
@@ -949,10 +1043,20 @@ bool select_kernel(int implementation) {
   return true;
 }
 #else
+struct PackedColumns {};
+enum class ColumnsSlot { gemm, conv };
+PackedColumns& columns_buffer(ColumnsSlot) {
+  static thread_local PackedColumns none;
+  return none;
+}
 bool select_kernel(int) { return false; }
 bool applies(const Context&, const AmpConfig&) { return false; }
-bool gemm(Context&, const AmpConfig&, std::size_t, std::size_t, std::size_t, const double*, std::size_t,
-          const double*, std::size_t, double*, std::size_t, ElementNames = {}) {
+bool pack_columns(const Context&, const AmpConfig&, std::size_t, std::size_t, const double*, std::size_t,
+                  PackedColumns&) {
+  return false;
+}
+bool gemm_packed(Context&, const AmpConfig&, std::size_t, const PackedColumns&, const double*, std::size_t,
+                 const double*, std::size_t, double*, std::size_t, ElementNames = {}) {
   return false;
 }
 #endif
@@ -971,13 +1075,37 @@ class AmpUnit final : public MatrixUnit {
              double c) const override {
     return AmpRun(ctx, cfg_).dot(k, a, sa, b, sb, c);
   }
-  // The vectorised path where it applies (see namespace fast); otherwise the same dot
-  // products in the same order as the default (so stochastic rounding draws the same
-  // random bits), with B transposed once so that every dot product reads contiguous
-  // memory.
+  // MatrixUnit::gemm's bands of rows, where the vectorised path applies with B packed
+  // once for all of them.
+  void gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
+            const double* B, std::size_t ldb, double* C, std::size_t ldc) const override {
+    fast::PackedColumns& columns = fast::columns_buffer(fast::ColumnsSlot::gemm);
+    if (!fast::pack_columns(ctx, cfg_, n, k, B, ldb, columns)) {
+      MatrixUnit::gemm(ctx, m, n, k, A, lda, B, ldb, C, ldc);
+      return;
+    }
+    gemm_by_rows(ctx, m, n, k, C, ldc, [&](Context& band_ctx, std::size_t first, std::size_t rows) {
+      if (!fast::gemm_packed(band_ctx, cfg_, rows, columns, A + first * lda, lda, B, ldb, C + first * ldc, ldc))
+        exact_gemm(band_ctx, rows, n, k, A + first * lda, lda, B, ldb, C + first * ldc, ldc);
+    });
+  }
+
+  // The vectorised path where it applies (see namespace fast), else exact_gemm.
   void serial_gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
                    const double* B, std::size_t ldb, double* C, std::size_t ldc) const override {
-    if (fast::gemm(ctx, cfg_, m, n, k, A, lda, B, ldb, C, ldc)) return;
+    fast::PackedColumns& columns = fast::columns_buffer(fast::ColumnsSlot::gemm);
+    if (fast::pack_columns(ctx, cfg_, n, k, B, ldb, columns) &&
+        fast::gemm_packed(ctx, cfg_, m, columns, A, lda, B, ldb, C, ldc))
+      return;
+    exact_gemm(ctx, m, n, k, A, lda, B, ldb, C, ldc);
+  }
+
+ private:
+  // The same dot products in the same order as the default serial_gemm (so stochastic
+  // rounding draws the same random bits), with B transposed once so that every dot
+  // product reads contiguous memory.
+  void exact_gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
+                  const double* B, std::size_t ldb, double* C, std::size_t ldc) const {
     std::vector<double> columns(n * k);
     for (std::size_t q = 0; q < k; ++q)
       for (std::size_t j = 0; j < n; ++j) columns[j * k + q] = B[q * ldb + j];
@@ -990,7 +1118,6 @@ class AmpUnit final : public MatrixUnit {
       }
   }
 
- private:
   AmpConfig cfg_;
 };
 
@@ -1102,87 +1229,103 @@ std::vector<double> amp_conv2d(Context& ctx, const AmpConfig& cfg, const Conv2dS
           w[o * k + position(c, ky, kx)] =
               weights[((o * s.in_channels + c) * s.kernel_height + ky) * s.kernel_width + kx];
 
-  std::vector<double> out(s.output_size());
-  // The reduction row of output position (n, y, x): the input values in the order r,
-  // zeros in the padding and the padded channels. Image n is first laid out as rows x
-  // columns x channels with its zero padding and padded channels (`padded`, for
-  // `padded_image`), so that each (group, ky, kx) of a row is one contiguous copy.
-  const std::size_t padded_rows = s.height + 2 * s.pad_h, padded_cols = s.width + 2 * s.pad_w;
-  const std::size_t padded_channels = groups * per_pass;
-  // Temporaries in buffers kept per thread (a training step convolves image after image).
-  static thread_local std::vector<double> padded, patches, c;
-  padded.resize(padded_rows * padded_cols * padded_channels);
-  std::size_t padded_image = s.batch;  // none yet
-  auto fill_patch = [&](std::size_t n, std::size_t y, std::size_t x, double* patch) {
-    if (padded_image != n) {
-      std::fill(padded.begin(), padded.end(), 0.0);
-      for (std::size_t c = 0; c < s.in_channels; ++c)
-        for (std::size_t row = 0; row < s.height; ++row)
-          for (std::size_t col = 0; col < s.width; ++col)
-            padded[((row + s.pad_h) * padded_cols + col + s.pad_w) * padded_channels + c] =
-                input[((n * s.in_channels + c) * s.height + row) * s.width + col];
-      padded_image = n;
-    }
-    for (std::size_t g = 0; g < groups; ++g)
-      for (std::size_t ky = 0; ky < s.kernel_height; ++ky)
-        for (std::size_t kx = 0; kx < s.kernel_width; ++kx) {
-          const double* from =
-              padded.data() + ((y * s.stride_h + ky) * padded_cols + x * s.stride_w + kx) * padded_channels + g * per_pass;
-          std::copy(from, from + per_pass, patch + ((g * s.kernel_height + ky) * s.kernel_width + kx) * per_pass);
-        }
-  };
-  auto element = [&](std::size_t n, std::size_t o, std::size_t y, std::size_t x) {
-    Element e;
-    e.flat = static_cast<std::int64_t>(((n * s.out_channels + o) * oh + y) * ow + x);
-    e.rank = 4;
-    e.index = {static_cast<std::int64_t>(n), static_cast<std::int64_t>(o), static_cast<std::int64_t>(y),
-               static_cast<std::int64_t>(x)};
-    return e;
-  };
-  // Image n output by output, in the order n, y, x, then o.
-  std::vector<double> patch(k);
-  AmpRun run(ctx, cfg);
-  auto by_dot = [&](std::size_t n) {
-    for (std::size_t y = 0; y < oh; ++y)
-      for (std::size_t x = 0; x < ow; ++x) {
-        fill_patch(n, y, x, patch.data());
-        for (std::size_t o = 0; o < s.out_channels; ++o) {
-          const Element e = element(n, o, y, x);
-          const auto at = static_cast<std::size_t>(e.flat);
-          const ElementGuard guard(ctx, e.flat, {e.index[0], e.index[1], e.index[2], e.index[3]});
-          out[at] = run.dot(k, patch.data(), 1, w.data() + o * k, 1, partials_in.empty() ? 0.0 : partials_in[at]);
-        }
-      }
-  };
-  if (!fast::applies(ctx, cfg)) {
-    for (std::size_t n = 0; n < s.batch; ++n) by_dot(n);
-    return out;
-  }
-  // The vectorised path, image by image: the im2col problem (row (y, x) the patch, column
-  // o the weights w[o], C the partials) through the AMP gemm, which computes its elements
-  // in this same order; its counts name the convolution's elements. An image whose
-  // values the gemm does not take goes through by_dot.
-  const std::size_t positions = oh * ow, channels = s.out_channels;
+  // Image by image, the convolution is the AMP gemm of the im2col problem: row q = y ow
+  // + x holds the input values in the order r, zeros in the padding and the padded
+  // channels; column o the weights w[o] (w_columns, k x O, packed once for every image);
+  // C the partials. Its row-major order is y, x, then o: that of the outputs computed one
+  // by one, image after image.
+  const std::size_t positions = oh * ow, channels = s.out_channels, per_image = channels * positions;
   std::vector<double> w_columns(k * channels);
-  patches.resize(positions * k);
-  c.resize(positions * channels);
   for (std::size_t o = 0; o < channels; ++o)
     for (std::size_t r = 0; r < k; ++r) w_columns[r * channels + o] = w[o * k + r];
-  for (std::size_t n = 0; n < s.batch; ++n) {
-    for (std::size_t q = 0; q < positions; ++q) {
-      fill_patch(n, q / ow, q % ow, patches.data() + q * k);
+  fast::PackedColumns& packed = fast::columns_buffer(fast::ColumnsSlot::conv);
+  const bool vectorised = fast::pack_columns(ctx, cfg, channels, k, w_columns.data(), channels, packed);
+  std::vector<double> out(s.output_size());
+
+  // Images [first, first + count) under band_ctx, into out: each through the vectorised
+  // path (its counts renamed to the convolution's elements), or where it does not take
+  // the image's values, and everywhere without it, output by output through amp_dot.
+  // Elements are numbered within the band (image n - first), as gemm_by_rows expects.
+  auto band = [&](Context& band_ctx, std::size_t first, std::size_t count) {
+    // Image n is laid out as rows x columns x channels with its zero padding and padded
+    // channels (`padded`, for `padded_image`), so that each (group, ky, kx) of a reduction
+    // row is one contiguous copy. Temporaries in buffers kept per thread (a training step
+    // convolves image after image).
+    static thread_local std::vector<double> padded, patches, c;
+    const std::size_t padded_rows = s.height + 2 * s.pad_h, padded_cols = s.width + 2 * s.pad_w;
+    const std::size_t padded_channels = groups * per_pass;
+    padded.resize(padded_rows * padded_cols * padded_channels);
+    std::size_t padded_image = s.batch;  // none yet
+    auto fill_patch = [&](std::size_t n, std::size_t y, std::size_t x, double* patch) {
+      if (padded_image != n) {
+        std::fill(padded.begin(), padded.end(), 0.0);
+        for (std::size_t c = 0; c < s.in_channels; ++c)
+          for (std::size_t row = 0; row < s.height; ++row)
+            for (std::size_t col = 0; col < s.width; ++col)
+              padded[((row + s.pad_h) * padded_cols + col + s.pad_w) * padded_channels + c] =
+                  input[((n * s.in_channels + c) * s.height + row) * s.width + col];
+        padded_image = n;
+      }
+      for (std::size_t g = 0; g < groups; ++g)
+        for (std::size_t ky = 0; ky < s.kernel_height; ++ky)
+          for (std::size_t kx = 0; kx < s.kernel_width; ++kx) {
+            const double* from = padded.data() +
+                                 ((y * s.stride_h + ky) * padded_cols + x * s.stride_w + kx) * padded_channels +
+                                 g * per_pass;
+            std::copy(from, from + per_pass, patch + ((g * s.kernel_height + ky) * s.kernel_width + kx) * per_pass);
+          }
+    };
+    auto element = [&](std::size_t n, std::size_t o, std::size_t y, std::size_t x) {
+      Element e;
+      e.flat = static_cast<std::int64_t>((((n - first) * channels + o) * oh + y) * ow + x);
+      e.rank = 4;
+      e.index = {static_cast<std::int64_t>(n - first), static_cast<std::int64_t>(o), static_cast<std::int64_t>(y),
+                 static_cast<std::int64_t>(x)};
+      return e;
+    };
+    auto partial = [&](std::size_t at) { return partials_in.empty() ? 0.0 : partials_in[at]; };
+    AmpRun run(band_ctx, cfg);
+    auto by_dot = [&](std::size_t n) {
+      patches.resize(k);
+      for (std::size_t y = 0; y < oh; ++y)
+        for (std::size_t x = 0; x < ow; ++x) {
+          fill_patch(n, y, x, patches.data());
+          for (std::size_t o = 0; o < channels; ++o) {
+            const Element e = element(n, o, y, x);
+            const auto at = n * per_image + o * positions + y * ow + x;
+            const ElementGuard guard(band_ctx, e.flat, {e.index[0], e.index[1], e.index[2], e.index[3]});
+            out[at] = run.dot(k, patches.data(), 1, w.data() + o * k, 1, partial(at));
+          }
+        }
+    };
+    for (std::size_t n = first; n < first + count; ++n) {
+      if (!vectorised) {
+        by_dot(n);
+        continue;
+      }
+      patches.resize(positions * k);
+      c.resize(positions * channels);
+      for (std::size_t q = 0; q < positions; ++q) {
+        fill_patch(n, q / ow, q % ow, patches.data() + q * k);
+        for (std::size_t o = 0; o < channels; ++o) c[q * channels + o] = partial(n * per_image + o * positions + q);
+      }
+      const auto names = [&, n](std::size_t q, std::size_t o) { return element(n, o, q / ow, q % ow); };
+      if (!fast::gemm_packed(band_ctx, cfg, positions, packed, patches.data(), k, w_columns.data(), channels,
+                             c.data(), channels, names)) {
+        by_dot(n);
+        continue;
+      }
       for (std::size_t o = 0; o < channels; ++o)
-        c[q * channels + o] = partials_in.empty() ? 0.0 : partials_in[(n * channels + o) * positions + q];
+        for (std::size_t q = 0; q < positions; ++q) out[n * per_image + o * positions + q] = c[q * channels + o];
     }
-    const auto names = [&, n](std::size_t q, std::size_t o) { return element(n, o, q / ow, q % ow); };
-    if (!fast::gemm(ctx, cfg, positions, channels, k, patches.data(), k, w_columns.data(), channels, c.data(),
-                    channels, names)) {
-      by_dot(n);
-      continue;
-    }
-    for (std::size_t o = 0; o < channels; ++o)
-      for (std::size_t q = 0; q < positions; ++q) out[(n * channels + o) * positions + q] = c[q * channels + o];
-  }
+  };
+  // Bands of images on gemm_threads() threads where the vectorised path applies (no
+  // traps, no stochastic rounding: everything but the speed as on one thread), else one
+  // band on ctx. An image is heavy: a band may be a single one.
+  if (vectorised)
+    gemm_by_rows(ctx, s.batch, per_image, k, out.data(), per_image, band, 1);
+  else
+    band(ctx, 0, s.batch);
   return out;
 }
 

@@ -116,7 +116,8 @@ double amp_dot(Context& ctx, const AmpConfig& cfg, std::size_t k, const double* 
 // Validates the config.
 // gemm's results and flags are those of amp_dot per channel, in row-major order; where
 // amp_gemm_is_vectorised says so, it computes them many channels at a time (proving
-// each phase's double sum exact, else taking amp_dot's exact path for that phase).
+// each phase's double sum exact, else taking amp_dot's exact path for that phase), B
+// packed once for all the bands of rows that MatrixUnit::gemm's threads take.
 std::unique_ptr<MatrixUnit> make_amp_unit(const AmpConfig& cfg);
 
 // Whether gemm takes its vectorised path under ctx: a build with AVX2, FMA and F16C;
@@ -170,9 +171,12 @@ bool select_amp_kernel(int implementation);
 // gemm's row-major order, n, y, x outer and o inner. Rounding, esr, NANOO (overflow
 // policy) and traps come from ctx, which collects the status flags.
 // Speed: where amp_gemm_is_vectorised(ctx, cfg), each image runs as that gemm on its
-// vectorised path, whose counts are renamed to the convolution's elements [n, o, y, x]
-// (flat index into the output); so results, flags and counts, with their elements and
-// in their order, are those of the outputs computed one by one (tests/amp/test_conv.cpp).
+// vectorised path (the weights packed once for all images), whose counts are renamed to
+// the convolution's elements [n, o, y, x] (flat index into the output); so results,
+// flags and counts, with their elements and in their order, are those of the outputs
+// computed one by one (tests/amp/test_conv.cpp). There the images run in bands on up to
+// gemm_threads() threads (emu/threads.hpp), with the same outcome at any number of them
+// (tests/mma/test_threads.cpp); traps and stochastic rounding run on the calling thread.
 struct Conv2dShape {
   std::size_t batch = 1, in_channels = 1, height = 1, width = 1;       // N C H W
   std::size_t out_channels = 1, kernel_height = 1, kernel_width = 1;  // O, KH, KW

@@ -23,7 +23,6 @@ std::atomic<int> gemm_threads_setting{0};
 // not small; and a caller that no other thread has come to help (every thread busy, as
 // in a sweep) takes all the rows left at once, so that it pays for one band more at most.
 constexpr std::size_t kBandsPerThread = 2;
-constexpr std::size_t kMinBandRows = 128;
 // A band of fewer products costs more to hand to another thread (tens of
 // microseconds) than it saves.
 constexpr std::size_t kMinBandProducts = std::size_t{1} << 14;
@@ -44,14 +43,15 @@ void set_gemm_threads(int n) {
 int gemm_threads() { return gemm_threads_setting.load(); }
 
 void gemm_by_rows(Context& ctx, std::size_t m, std::size_t n, std::size_t k, double* C, std::size_t ldc,
-                  const RowBand& band) {
+                  const RowBand& band, std::size_t min_rows) {
   const std::size_t here = threads_here();
   const auto setting = static_cast<std::size_t>(gemm_threads_setting.load());
   // A setting below what oneTBB gives runs the bands in an arena of that many threads.
   const bool limited = setting != 0 && setting < here;
   const std::size_t threads = limited ? setting : here;
   const std::size_t row_products = std::max<std::size_t>(n * k, 1);
-  const std::size_t rows = std::max({kMinBandRows, (m + threads * kBandsPerThread - 1) / (threads * kBandsPerThread),
+  const std::size_t rows = std::max({min_rows, std::size_t{1},
+                                     (m + threads * kBandsPerThread - 1) / (threads * kBandsPerThread),
                                      (kMinBandProducts + row_products - 1) / row_products});
   if (threads < 2 || rows >= m || ctx.control.effective_rounding() == Rounding::sr) {
     band(ctx, 0, m);

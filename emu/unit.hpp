@@ -67,8 +67,9 @@ class MatrixUnit {
   // (i, j) carry it (Context::element: flat i * n + j, index [i, j]); every unit's
   // counts equal those of its elements computed one by one in row-major order. Runs
   // serial_gemm on up to gemm_threads() threads in bands of rows (emu/threads.hpp):
-  // results, flags, counts and a trap do not depend on the number of threads.
-  void gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
+  // results, flags, counts and a trap do not depend on the number of threads. (A unit
+  // may override it to share work between the bands, with the same outcome.)
+  virtual void gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
             const double* B, std::size_t ldb, double* C, std::size_t ldc) const;
 
  protected:

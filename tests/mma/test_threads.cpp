@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "emu/amp.hpp"
 #include "emu/block.hpp"
 #include "emu/block_mma.hpp"
 #include "emu/threads.hpp"
@@ -258,6 +259,51 @@ TEST_CASE("b200's block-scaled gemm: the same outcome at 1, 2 and 3 threads", "[
     C[190 * n + 4] = 0.1;  // not an fp32 value: the serial error
     check_threads(C, gemm);
   }
+}
+
+TEST_CASE("the AMP's convolution: the same outcome at 1, 2 and 3 threads", "[threads][amp]") {
+  // amp_conv2d runs the im2col gemm of all images in bands of output positions, the
+  // weights packed once: values, flags, counts with their [n, o, y, x] elements, traps
+  // (serial) and stochastic rounding (serial) as on one thread. Every configuration the
+  // vectorised path takes, random shapes of 300 to 700 positions (bands cut through
+  // images), NaN, infinities, subnormals, overflowing products, zero weights, partials
+  // in, and an input that is not an fp16 value (its band computes output by output).
+  Rng rng(StreamId{5});
+  const AmpConfig configs[] = {amp_config(PartialsType::float32), amp_config(PartialsType::half),
+                               amp_config(PartialsType::float32, fp16(), fp16())};
+  for (const AmpConfig& cfg : configs)
+    for (int trial = 0; trial < 2; ++trial) {
+      Conv2dShape s;
+      s.batch = 2 + pick(rng, 3);
+      s.in_channels = 1 + pick(rng, 20);
+      s.height = 10 + pick(rng, 6);
+      s.width = 10 + pick(rng, 6);
+      s.out_channels = 3 + pick(rng, 40);
+      s.kernel_height = 1 + pick(rng, 3);
+      s.kernel_width = 1 + pick(rng, 3);
+      s.pad_h = pick(rng, 2);
+      s.pad_w = pick(rng, 2);
+      std::vector<double> input(s.input_size()), weights(s.weights_size()), partials(s.output_size());
+      for (double& x : input) x = fp16_value(rng, -10, 3);
+      for (double& x : weights) x = pick(rng, 6) == 0 ? 0.0 : fp16_value(rng, -10, 3);
+      for (double& x : partials) x = fp16_value(rng, -6, 6);
+      const std::size_t per_image = s.in_channels * s.height * s.width;
+      input[pick(rng, per_image)] = kNaN;
+      input[per_image + pick(rng, per_image)] = kInf;
+      input[pick(rng, input.size())] = 30000;  // with a large weight: overflow
+      weights[pick(rng, weights.size())] = 30000;
+      partials[pick(rng, partials.size())] = -kInf;
+      partials[pick(rng, partials.size())] = 0x1p-20;  // an fp16 subnormal
+      if (trial == 1) input[(s.batch - 1) * per_image + pick(rng, per_image)] = 0.1;  // not an fp16 value
+      INFO((cfg.partials == fp16() ? "half" : "float") << " partials, out " << cfg.output.name() << ", N "
+                                                       << s.batch << " C " << s.in_channels << " O "
+                                                       << s.out_channels << " K " << s.kernel_height << "x"
+                                                       << s.kernel_width);
+      check_threads(std::vector<double>(s.output_size()), [&](Context& ctx, double* out) {
+        const std::vector<double> result = amp_conv2d(ctx, cfg, s, input, weights, partials);
+        std::copy(result.begin(), result.end(), out);
+      });
+    }
 }
 
 namespace {
