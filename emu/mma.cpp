@@ -118,14 +118,53 @@ struct ColumnAdder {
   RoundingStep result_step, output_step;
   std::int32_t output_emax, output_emin;
   bool output_subnormals;
+  std::int32_t product_shift;
+};
+
+// The exponent of the lowest set bit of a zero operand: a sum of two of them is above
+// any alignment exponent (the products' lost bits, mma_columns.inc).
+constexpr std::int32_t kNoLowBit = 1 << 20;
+
+// Operands of the column adder, [row][k] for A and [k][column] in a panel of B:
+// significand integers (A's shifted left by product_shift) and exponents; for the float
+// products, each value as a float, sig * 2^(exp - offset) (A's without the shift; offset
+// the row's or column's largest exponent), and `low`, exp + the trailing zero bits of sig
+// (kNoLowBit for zero): a product's bits below the alignment are non-zero exactly when
+// a.low + b.low < E.
+struct ColumnTerms {
+  const std::int32_t* sig;
+  const std::int32_t* exp;
+  const float* value;
+  const std::int32_t* low;
+  ColumnTerms operator+(std::size_t j) const { return {sig + j, exp + j, value + j, low + j}; }
+};
+
+// One panel (kLanes columns) of gemm_columns for rows 0..m-1.
+struct PanelJob {
+  std::size_t m, k, block_size;
+  ColumnTerms rows, panel;
+  // Float products for row i where row_spread[i] <= float_spread_limit (no row where
+  // the limit is negative); row_offset and panel_offset are the offsets of the values.
+  const std::int32_t* row_offset;
+  const std::int32_t* row_spread;
+  const std::int32_t* panel_offset;
+  std::int32_t float_spread_limit;
+  const char* row_special;
+  const double* C;
+  std::size_t ldc, used;  // used: the panel's columns inside C
+  const char* col_special;
+  // Per element, row stride result_stride: the result, whether the reference adder must
+  // redo it, and its INEXACT and UFLO.
+  double* result;
+  std::size_t result_stride;
+  char* slow;
+  Flags* element_flags;
 };
 
 // The column adder (mma_columns.inc) at both vector widths: kPanelRows, the columns of
 // one panel (kLanes of them) through all blocks of k, by [narrow][result step][nearest].
 constexpr std::size_t kLanes = 16;
-using PanelRows = void (*)(const ColumnAdder&, std::size_t, std::size_t, std::size_t, const std::int32_t*,
-                           const std::int32_t*, const std::int32_t*, const std::int32_t*, const char*, const double*,
-                           std::size_t, std::size_t, const char*, double*, std::size_t, char*, Flags*);
+using PanelRows = void (*)(const ColumnAdder&, const PanelJob&);
 
 namespace columns_avx2 {
 #define EMU_COLUMN_BYTES 32
@@ -169,6 +208,11 @@ const PanelRows* panel_adder() {
 #endif
   return columns_avx2::kPanelRows;
 }
+
+// How the column adder aligns and sums a block's products (detail::select_product_adder):
+// 1, the default, in float (exact products, scaled by 2^-E and truncated by conversion);
+// 0, the reference, integer shifts.
+std::atomic<int> selected_product_adder{1};
 
 // A term t (in units of the quantum, exact in double) cut to an integer as
 // AlignmentRounding says. Every step is exact in double: |t| < 2^43.
@@ -683,7 +727,50 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
       col_special[j] = special;
     }
 
+  // The float products' operands (see ColumnTerms). A product of two values is exact in
+  // float and at least 2^-(row spread + column spread): a normal float while that is at
+  // most 126; the scale 2^(product_shift + row offset + column offset - E) stays below
+  // 2^128 while it is at most 127 - product_shift (mma_columns.inc). Rows and panels
+  // beyond the limit (wide bf16 data) take the integer shifts.
+  const bool float_products = selected_product_adder.load(std::memory_order_relaxed) != 0;
+  const std::int32_t float_spread = 126 - product_shift_;
+  // (Allocated for the integer shifts too: the column adder offsets their pointers.)
+  std::vector<float> a_value(m * k), b_value(panels * k * kLanes);
+  std::vector<std::int32_t> a_low(m * k), b_low(panels * k * kLanes), row_offset(m, 0), row_spread(m, 0), col_offset(panels * kLanes, 0),
+      col_spread(panels * kLanes, 0);
+  // Offsets and spreads of `count` exponents at `exp` (stride apart); then the values and
+  // low bits. Rows or columns without a non-zero value keep offset 0 and spread 0.
+  auto float_terms = [&](const std::int32_t* sig, const std::int32_t* exp, std::size_t count, std::size_t stride,
+                         int shift, float* value, std::int32_t* low, std::int32_t& offset, std::int32_t& spread) {
+    std::int32_t largest = kNoTerm, smallest = -kNoTerm;
+    for (std::size_t p = 0; p < count; ++p)
+      if (sig[p * stride] != 0) {
+        largest = std::max(largest, exp[p * stride]);
+        smallest = std::min(smallest, exp[p * stride]);
+      }
+    if (largest == kNoTerm) largest = smallest = 0;
+    offset = largest;
+    spread = largest - smallest;
+    for (std::size_t p = 0; p < count; ++p) {
+      const std::int32_t s = sig[p * stride];
+      // Exact in double; in float too where the row or column takes the float products.
+      value[p * stride] = s == 0 ? 0.0f : static_cast<float>(static_cast<double>(s) * pow2(exp[p * stride] - offset - shift));
+      low[p * stride] = s == 0 ? kNoLowBit : exp[p * stride] + std::countr_zero(static_cast<std::uint32_t>(s));
+    }
+  };
+  if (float_products) {
+    for (std::size_t i = 0; i < m; ++i)
+      float_terms(a_sig.data() + i * k, a_exp.data() + i * k, k, 1, product_shift_, a_value.data() + i * k,
+                  a_low.data() + i * k, row_offset[i], row_spread[i]);
+    for (std::size_t j = 0; j < panels * kLanes; ++j) {
+      const std::size_t at = (j / kLanes) * k * kLanes + j % kLanes;
+      float_terms(b_sig.data() + at, b_exp.data() + at, k, kLanes, 0, b_value.data() + at, b_low.data() + at,
+                  col_offset[j], col_spread[j]);
+    }
+  }
+
   ColumnAdder adder{};
+  adder.product_shift = product_shift_;
   adder.kept_fraction_bits = params_.kept_fraction_bits;
   adder.min_alignment_exponent = params_.min_alignment_exponent;
   adder.result_step_applies = result_format_.has_value();
@@ -708,10 +795,27 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
   const PanelRows* const kVariants = panel_adder();
   for (std::size_t panel = 0; panel < panels; ++panel) {
     const std::size_t j0 = panel * kLanes;
-    kVariants[variant](adder, m, k, block_size, a_sig.data(), a_exp.data(), b_sig.data() + panel * k * kLanes,
-                       b_exp.data() + panel * k * kLanes, row_special.data(), C + j0, ldc,
-                       std::min(kLanes, n - j0), col_special.data() + j0, result.data() + j0, n,
-                       slow.data() + j0, element_flags.data() + j0);
+    PanelJob job{};
+    job.m = m;
+    job.k = k;
+    job.block_size = block_size;
+    job.rows = {a_sig.data(), a_exp.data(), a_value.data(), a_low.data()};
+    job.panel = ColumnTerms{b_sig.data(), b_exp.data(), b_value.data(), b_low.data()} + panel * k * kLanes;
+    job.row_offset = row_offset.data();
+    job.row_spread = row_spread.data();
+    job.panel_offset = col_offset.data() + j0;
+    job.float_spread_limit =
+        float_products ? float_spread - *std::max_element(col_spread.begin() + j0, col_spread.begin() + j0 + kLanes) : -1;
+    job.row_special = row_special.data();
+    job.C = C + j0;
+    job.ldc = ldc;
+    job.used = std::min(kLanes, n - j0);
+    job.col_special = col_special.data() + j0;
+    job.result = result.data() + j0;
+    job.result_stride = n;
+    job.slow = slow.data() + j0;
+    job.element_flags = element_flags.data() + j0;
+    kVariants[variant](adder, job);
   }
   // The integer adder keeps products exact: an element with a product that may lie off
   // the 2^product_lsb grid goes to the reference adder, which cuts it. A product of
@@ -767,6 +871,12 @@ std::unique_ptr<MatrixUnit> make_tensor_core_unit(UnitKind preset, std::optional
 }
 
 namespace detail {
+
+bool select_product_adder(int implementation) {
+  if (implementation != 0 && implementation != 1) return false;
+  selected_product_adder.store(implementation, std::memory_order_relaxed);
+  return true;
+}
 
 bool select_panel_adder(int implementation) {
   if (implementation != 0 && implementation != 1) return false;

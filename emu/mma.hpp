@@ -215,6 +215,11 @@ namespace detail {
 // vectors: AVX2) or 1 (64-byte vectors compiled for AVX-512, the default where the CPU
 // has it). false, changing nothing, where this build or CPU lacks it.
 bool select_panel_adder(int implementation);
+// For tests, likewise: how the column adder aligns and sums a block's products,
+// implementation 0 (integer shifts, the reference) or 1 (exact float products scaled to
+// the alignment and truncated by conversion, the default; rows and columns whose
+// exponents spread too far for float take the integer shifts). false for another value.
+bool select_product_adder(int implementation);
 }  // namespace detail
 
 }  // namespace emu
