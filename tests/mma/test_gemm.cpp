@@ -77,15 +77,13 @@ double draw(std::mt19937_64& gen, const emu::Format& f, Scenario s, bool special
   int exponent = std::normal_distribution<double>(0.0, 2.0)(gen) > 0 ? 0 : -1;
   switch (s) {
     case Scenario::normal:
+    case Scenario::lost_bits:  // (make_problem sets its values)
     case Scenario::cancellation:
     case Scenario::special_values:
       exponent = std::uniform_int_distribution<int>(-3, 3)(gen);
       break;
     case Scenario::wide_exponents:
       exponent = std::uniform_int_distribution<int>(f.emin() - f.fraction_bits(), f.emax())(gen);
-      break;
-    case Scenario::lost_bits:  // small values (make_problem sets the rest)
-      exponent = std::uniform_int_distribution<int>(f.emin(), f.emin() + 6)(gen);
       break;
     case Scenario::moderate_spread:
       exponent = std::clamp(std::uniform_int_distribution<int>(-32, 32)(gen), f.emin() - f.fraction_bits(), f.emax());
@@ -109,9 +107,12 @@ Problem make_problem(std::mt19937_64& gen, std::size_t m, std::size_t n, std::si
   for (double& x : p.B) x = draw(gen, in, s, special);
   for (double& x : p.C) x = draw(gen, out, s == Scenario::subnormals ? s : Scenario::wide_exponents, special);
   if (s == Scenario::lost_bits) {
-    // A power of two in A's first column and B's first row; at most one small product
-    // (in the first block) and one small c.
-    std::uniform_int_distribution<int> coin(0, 1), percent(0, 99);
+    // A power of two in A's first column and B's first row; at most one smaller product
+    // (in the first block), from 2^-44 of theirs up, so that its lowest bit falls on
+    // either side of every adder's alignment grid, and one small c.
+    emu::Context ctx;
+    std::uniform_int_distribution<int> coin(0, 1), percent(0, 99), below(in.emax() / 2 - 22, in.emax() / 2 - 1);
+    std::uniform_real_distribution<double> significand(1.0, 2.0);
     const double big = std::ldexp(1.0, in.emax() / 2);
     std::fill(p.A.begin(), p.A.end(), 0.0);
     std::fill(p.B.begin(), p.B.end(), 0.0);
@@ -120,8 +121,10 @@ Problem make_problem(std::mt19937_64& gen, std::size_t m, std::size_t n, std::si
     for (std::size_t j = 0; j < n; ++j) p.B[j] = coin(gen) != 0 ? big : -big;
     if (k >= 2 && coin(gen) != 0) {
       const std::size_t q = std::uniform_int_distribution<std::size_t>(1, std::min<std::size_t>(k, 4) - 1)(gen);
-      p.A[std::uniform_int_distribution<std::size_t>(0, m - 1)(gen) * k + q] = draw(gen, in, s, false);
-      p.B[q * n + std::uniform_int_distribution<std::size_t>(0, n - 1)(gen)] = draw(gen, in, s, false);
+      p.A[std::uniform_int_distribution<std::size_t>(0, m - 1)(gen) * k + q] =
+          ctx.convert(in, (coin(gen) != 0 ? 1 : -1) * significand(gen) * std::ldexp(1.0, below(gen)));
+      p.B[q * n + std::uniform_int_distribution<std::size_t>(0, n - 1)(gen)] =
+          ctx.convert(in, (coin(gen) != 0 ? 1 : -1) * std::ldexp(1.0, below(gen)));
     }
     if (percent(gen) < 25)
       p.C[std::uniform_int_distribution<std::size_t>(0, m * n - 1)(gen)] = (coin(gen) != 0 ? 1 : -1) *
