@@ -108,8 +108,8 @@ Problem make_problem(std::mt19937_64& gen, std::size_t m, std::size_t n, std::si
   for (double& x : p.C) x = draw(gen, out, s == Scenario::subnormals ? s : Scenario::wide_exponents, special);
   if (s == Scenario::lost_bits) {
     // A power of two in A's first column and B's first row; at most one smaller product
-    // (in the first block), from 2^-44 of theirs up, so that its lowest bit falls on
-    // either side of every adder's alignment grid, and one small c.
+    // (in any block: c carries the large one), from 2^-44 of theirs up, so that its
+    // lowest bit falls on either side of every adder's alignment grid; one small c.
     emu::Context ctx;
     std::uniform_int_distribution<int> coin(0, 1), percent(0, 99), below(in.emax() / 2 - 22, in.emax() / 2 - 1);
     std::uniform_real_distribution<double> significand(1.0, 2.0);
@@ -120,7 +120,7 @@ Problem make_problem(std::mt19937_64& gen, std::size_t m, std::size_t n, std::si
     for (std::size_t i = 0; i < m; ++i) p.A[i * k] = coin(gen) != 0 ? big : -big;
     for (std::size_t j = 0; j < n; ++j) p.B[j] = coin(gen) != 0 ? big : -big;
     if (k >= 2 && coin(gen) != 0) {
-      const std::size_t q = std::uniform_int_distribution<std::size_t>(1, std::min<std::size_t>(k, 4) - 1)(gen);
+      const std::size_t q = std::uniform_int_distribution<std::size_t>(1, k - 1)(gen);
       p.A[std::uniform_int_distribution<std::size_t>(0, m - 1)(gen) * k + q] =
           ctx.convert(in, (coin(gen) != 0 ? 1 : -1) * significand(gen) * std::ldexp(1.0, below(gen)));
       p.B[q * n + std::uniform_int_distribution<std::size_t>(0, n - 1)(gen)] =
