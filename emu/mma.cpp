@@ -8,6 +8,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "simd.hpp"
@@ -119,6 +120,9 @@ struct ColumnAdder {
   std::int32_t output_emax, output_emin;
   bool output_subnormals;
   std::int32_t product_shift;
+  // Where Wide lanes are needed: the largest |sum of a block's products| that the
+  // Narrow finish takes (a sum plus c's term stays below 2^30; mma_columns.inc).
+  std::int32_t narrow_sum_limit;
 };
 
 // The exponent of the lowest set bit of a zero operand: a sum of two of them is above
@@ -790,6 +794,7 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
   const auto block_size = static_cast<std::size_t>(params_.block_size);
   const std::int64_t kept_unit = std::int64_t{1} << params_.kept_fraction_bits;
   const bool narrow = static_cast<std::int64_t>(block_size) * 4 * kept_unit + 2 * kept_unit <= (std::int64_t{1} << 30);
+  adder.narrow_sum_limit = static_cast<std::int32_t>(std::max<std::int64_t>((std::int64_t{1} << 30) - 2 * kept_unit, 0));
   const bool nearest = params_.final_rounding == Rounding::rne;  // rne or rz (product_shift_ >= 0)
   const unsigned variant = (narrow ? 4u : 0u) | (adder.result_step_applies ? 2u : 0u) | (nearest ? 1u : 0u);
   const PanelRows* const kVariants = panel_adder();
