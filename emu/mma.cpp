@@ -123,6 +123,10 @@ struct ColumnAdder {
   // Where Wide lanes are needed: the largest |sum of a block's products| that the
   // Narrow finish takes (a sum plus c's term stays below 2^30; mma_columns.inc).
   std::int32_t narrow_sum_limit;
+  // The binary32 finish (mma_columns.inc) and the largest |sum of a block's products|
+  // it takes (a sum plus c's term stays an int32).
+  bool binary32_finish;
+  std::int32_t binary32_sum_limit;
 };
 
 // The exponent of the lowest set bit of a zero operand: a sum of two of them is above
@@ -212,6 +216,34 @@ const PanelRows* panel_adder() {
 #endif
   return columns_avx2::kPanelRows;
 }
+
+// For its lifetime, where `set`: the host's SSE rounding rne (`nearest`) or rz, with no
+// flush of subnormal results or operands and every exception masked; the caller's
+// control word back at the end.
+class HostRounding {
+ public:
+  HostRounding(bool set, bool nearest) : set_(set) {
+#if EMU_SIMD
+    if (!set_) return;
+    constexpr unsigned kAllMasked = 0x1f80, kTowardZero = 0x6000;
+    saved_ = _mm_getcsr();
+    _mm_setcsr(kAllMasked | (nearest ? 0 : kTowardZero));
+#else
+    (void)nearest;
+#endif
+  }
+  ~HostRounding() {
+#if EMU_SIMD
+    if (set_) _mm_setcsr(saved_);
+#endif
+  }
+  HostRounding(const HostRounding&) = delete;
+  HostRounding& operator=(const HostRounding&) = delete;
+
+ private:
+  bool set_;
+  unsigned saved_ = 0;
+};
 
 // How the column adder aligns and sums a block's products (detail::select_product_adder):
 // 1, the default, in float (exact products, scaled by 2^-E and truncated by conversion);
@@ -795,6 +827,11 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
   const std::int64_t kept_unit = std::int64_t{1} << params_.kept_fraction_bits;
   const bool narrow = static_cast<std::int64_t>(block_size) * 4 * kept_unit + 2 * kept_unit <= (std::int64_t{1} << 30);
   adder.narrow_sum_limit = static_cast<std::int32_t>(std::max<std::int64_t>((std::int64_t{1} << 30) - 2 * kept_unit, 0));
+  // On the host's conversion to float, rounding as the unit's final rounding with no
+  // flush: fp32 output (subnormal results go to the reference adder).
+  adder.binary32_finish = EMU_SIMD && float_products && !adder.result_step_applies && out_.fraction_bits() == 23 &&
+                          out_.emin() == -126 && out_.emax() == 127 && out_.subnormals();
+  adder.binary32_sum_limit = static_cast<std::int32_t>(std::max<std::int64_t>((std::int64_t{1} << 31) - 2 * kept_unit, 0));
   const bool nearest = params_.final_rounding == Rounding::rne;  // rne or rz (product_shift_ >= 0)
   const unsigned variant = (narrow ? 4u : 0u) | (adder.result_step_applies ? 2u : 0u) | (nearest ? 1u : 0u);
   const PanelRows* const kVariants = panel_adder();
@@ -820,6 +857,7 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
     job.result_stride = n;
     job.slow = slow.data() + j0;
     job.element_flags = element_flags.data() + j0;
+    const HostRounding host_rounding(adder.binary32_finish, nearest);  // the panel adder's only, not the reference's
     kVariants[variant](adder, job);
   }
   // The integer adder keeps products exact: an element with a product that may lie off
