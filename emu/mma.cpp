@@ -772,8 +772,8 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
   const std::int32_t float_spread = 126 - product_shift_;
   // (Allocated for the integer shifts too: the column adder offsets their pointers.)
   std::vector<float> a_value(m * k), b_value(panels * k * kLanes);
-  std::vector<std::int32_t> a_low(m * k), b_low(panels * k * kLanes), row_offset(m, 0), row_spread(m, 0), col_offset(panels * kLanes, 0),
-      col_spread(panels * kLanes, 0);
+  std::vector<std::int32_t> a_low(m * k), b_low(panels * k * kLanes), row_offset(m, 0), row_spread(m, 0),
+      col_offset(panels * kLanes, 0), col_spread(panels * kLanes, 0);
   // Offsets and spreads of `count` exponents at `exp` (stride apart); then the values and
   // low bits. Rows or columns without a non-zero value keep offset 0 and spread 0.
   auto float_terms = [&](const std::int32_t* sig, const std::int32_t* exp, std::size_t count, std::size_t stride,
@@ -790,7 +790,8 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
     for (std::size_t p = 0; p < count; ++p) {
       const std::int32_t s = sig[p * stride];
       // Exact in double; in float too where the row or column takes the float products.
-      value[p * stride] = s == 0 ? 0.0f : static_cast<float>(static_cast<double>(s) * pow2(exp[p * stride] - offset - shift));
+      value[p * stride] =
+          s == 0 ? 0.0f : static_cast<float>(static_cast<double>(s) * pow2(exp[p * stride] - offset - shift));
       low[p * stride] = s == 0 ? kNoLowBit : exp[p * stride] + std::countr_zero(static_cast<std::uint32_t>(s));
     }
   };
@@ -826,12 +827,15 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
   const auto block_size = static_cast<std::size_t>(params_.block_size);
   const std::int64_t kept_unit = std::int64_t{1} << params_.kept_fraction_bits;
   const bool narrow = static_cast<std::int64_t>(block_size) * 4 * kept_unit + 2 * kept_unit <= (std::int64_t{1} << 30);
-  adder.narrow_sum_limit = static_cast<std::int32_t>(std::max<std::int64_t>((std::int64_t{1} << 30) - 2 * kept_unit, 0));
+  auto sum_limit = [&](int bits) {  // 2^bits less c's largest term, at least 0
+    return static_cast<std::int32_t>(std::max<std::int64_t>((std::int64_t{1} << bits) - 2 * kept_unit, 0));
+  };
+  adder.narrow_sum_limit = sum_limit(30);
   // On the host's conversion to float, rounding as the unit's final rounding with no
   // flush: fp32 output (subnormal results go to the reference adder).
   adder.binary32_finish = EMU_SIMD && float_products && !adder.result_step_applies && out_.fraction_bits() == 23 &&
                           out_.emin() == -126 && out_.emax() == 127 && out_.subnormals();
-  adder.binary32_sum_limit = static_cast<std::int32_t>(std::max<std::int64_t>((std::int64_t{1} << 31) - 2 * kept_unit, 0));
+  adder.binary32_sum_limit = sum_limit(31);
   const bool nearest = params_.final_rounding == Rounding::rne;  // rne or rz (product_shift_ >= 0)
   const unsigned variant = (narrow ? 4u : 0u) | (adder.result_step_applies ? 2u : 0u) | (nearest ? 1u : 0u);
   const PanelRows* const kVariants = panel_adder();
@@ -846,8 +850,9 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
     job.row_offset = row_offset.data();
     job.row_spread = row_spread.data();
     job.panel_offset = col_offset.data() + j0;
+    const auto panel_spread = col_spread.begin() + static_cast<std::ptrdiff_t>(j0);
     job.float_spread_limit =
-        float_products ? float_spread - *std::max_element(col_spread.begin() + j0, col_spread.begin() + j0 + kLanes) : -1;
+        float_products ? float_spread - *std::max_element(panel_spread, panel_spread + kLanes) : -1;
     job.row_special = row_special.data();
     job.C = C + j0;
     job.ldc = ldc;
