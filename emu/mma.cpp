@@ -740,17 +740,28 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
   }
   const std::size_t panels = (n + kLanes - 1) / kLanes;
   std::vector<std::int32_t> b_sig(panels * k * kLanes, 0), b_exp(panels * k * kLanes, kZeroExponent);
-  // B by rows four columns at a time where every value is zero or normal; else (and for
-  // the columns beyond the last group of four) by columns, in the reference's order.
+  // B by rows, four columns at a time where every value is zero or normal, else one by
+  // one; by columns, in the reference's order, where n is not a multiple of four or a
+  // value is outside the format (so that the same one is reported). (By columns, B's
+  // rows are far apart: a single subnormal used to send all of B that way.)
   bool b_decoded = false;
 #if EMU_SIMD
   if (n % 4 == 0 && kLanes % 4 == 0) {
-    b_decoded = true;
-    for (std::size_t p = 0; p < k && b_decoded; ++p)
-      for (std::size_t j = 0; j < n && b_decoded; j += 4) {
-        const std::size_t at = ((j / kLanes) * k + p) * kLanes + j % kLanes;
-        b_decoded = decode4(B + p * ldb + j, &b_sig[at], &b_exp[at], 0);
-      }
+    try {
+      for (std::size_t p = 0; p < k; ++p)
+        for (std::size_t j = 0; j < n; j += 4) {
+          const std::size_t at = ((j / kLanes) * k + p) * kLanes + j % kLanes;
+          if (decode4(B + p * ldb + j, &b_sig[at], &b_exp[at], 0)) continue;
+          for (std::size_t q = 0; q < 4; ++q) {
+            bool special = false;
+            decode_integer(B[p * ldb + j + q], b_sig[at + q], b_exp[at + q], special, 0);
+            if (special) col_special[j + q] = 1;
+          }
+        }
+      b_decoded = true;
+    } catch (const std::invalid_argument&) {
+      // reported below, by columns
+    }
   }
 #endif
   if (!b_decoded)
@@ -774,35 +785,47 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
   std::vector<float> a_value(m * k), b_value(panels * k * kLanes);
   std::vector<std::int32_t> a_low(m * k), b_low(panels * k * kLanes), row_offset(m, 0), row_spread(m, 0),
       col_offset(panels * kLanes, 0), col_spread(panels * kLanes, 0);
-  // Offsets and spreads of `count` exponents at `exp` (stride apart); then the values and
-  // low bits. Rows or columns without a non-zero value keep offset 0 and spread 0.
-  auto float_terms = [&](const std::int32_t* sig, const std::int32_t* exp, std::size_t count, std::size_t stride,
-                         int shift, float* value, std::int32_t* low, std::int32_t& offset, std::int32_t& spread) {
-    std::int32_t largest = kNoTerm, smallest = -kNoTerm;
+  // Offsets and spreads of kCount sequences of `count` values, element p of sequence l
+  // at p * kCount + l (A's rows one by one, a panel's columns together); then the values
+  // and low bits. A sequence without a non-zero value keeps offset 0 and spread 0. In
+  // loops the compiler vectorises: this runs for every band of rows.
+  auto float_terms = [&]<std::size_t kCount>(const std::int32_t* sig, const std::int32_t* exp, std::size_t count,
+                                             int shift, float* value, std::int32_t* low, std::int32_t* offset,
+                                             std::int32_t* spread) {
+    std::int32_t largest[kCount], smallest[kCount];
+    std::fill_n(largest, kCount, kNoTerm);
+    std::fill_n(smallest, kCount, -kNoTerm);
     for (std::size_t p = 0; p < count; ++p)
-      if (sig[p * stride] != 0) {
-        largest = std::max(largest, exp[p * stride]);
-        smallest = std::min(smallest, exp[p * stride]);
+      for (std::size_t l = 0; l < kCount; ++l) {
+        const std::size_t at = p * kCount + l;
+        largest[l] = std::max(largest[l], sig[at] != 0 ? exp[at] : kNoTerm);
+        smallest[l] = std::min(smallest[l], sig[at] != 0 ? exp[at] : -kNoTerm);
       }
-    if (largest == kNoTerm) largest = smallest = 0;
-    offset = largest;
-    spread = largest - smallest;
-    for (std::size_t p = 0; p < count; ++p) {
-      const std::int32_t s = sig[p * stride];
-      // Exact in double; in float too where the row or column takes the float products.
-      value[p * stride] =
-          s == 0 ? 0.0f : static_cast<float>(static_cast<double>(s) * pow2(exp[p * stride] - offset - shift));
-      low[p * stride] = s == 0 ? kNoLowBit : exp[p * stride] + std::countr_zero(static_cast<std::uint32_t>(s));
+    for (std::size_t l = 0; l < kCount; ++l) {
+      if (largest[l] == kNoTerm) largest[l] = smallest[l] = 0;
+      offset[l] = largest[l];
+      spread[l] = largest[l] - smallest[l];
     }
+    for (std::size_t p = 0; p < count; ++p)
+      for (std::size_t l = 0; l < kCount; ++l) {
+        const std::size_t at = p * kCount + l;
+        // sig * 2^(exp - offset - shift): exact where the sequence takes the float
+        // products (its exponent is at least -126 there; clamped elsewhere, unused).
+        const std::int32_t scale = std::clamp(exp[at] - largest[l] - shift, -126, 0);
+        value[at] = static_cast<float>(sig[at]) * std::bit_cast<float>((scale + 127) << 23);
+        // The lowest set bit, sig & -sig, a power of two: its exponent as a float.
+        const auto lowest_bit = std::bit_cast<std::int32_t>(static_cast<float>(sig[at] & -sig[at]));
+        low[at] = sig[at] == 0 ? kNoLowBit : exp[at] + ((lowest_bit >> 23) & 0xff) - 127;
+      }
   };
   if (float_products) {
     for (std::size_t i = 0; i < m; ++i)
-      float_terms(a_sig.data() + i * k, a_exp.data() + i * k, k, 1, product_shift_, a_value.data() + i * k,
-                  a_low.data() + i * k, row_offset[i], row_spread[i]);
-    for (std::size_t j = 0; j < panels * kLanes; ++j) {
-      const std::size_t at = (j / kLanes) * k * kLanes + j % kLanes;
-      float_terms(b_sig.data() + at, b_exp.data() + at, k, kLanes, 0, b_value.data() + at, b_low.data() + at,
-                  col_offset[j], col_spread[j]);
+      float_terms.operator()<1>(a_sig.data() + i * k, a_exp.data() + i * k, k, product_shift_, a_value.data() + i * k,
+                                a_low.data() + i * k, &row_offset[i], &row_spread[i]);
+    for (std::size_t panel = 0; panel < panels; ++panel) {
+      const std::size_t at = panel * k * kLanes;
+      float_terms.operator()<kLanes>(b_sig.data() + at, b_exp.data() + at, k, 0, b_value.data() + at,
+                                     b_low.data() + at, &col_offset[panel * kLanes], &col_spread[panel * kLanes]);
     }
   }
 
