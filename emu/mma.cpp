@@ -8,6 +8,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "simd.hpp"
@@ -118,14 +119,60 @@ struct ColumnAdder {
   RoundingStep result_step, output_step;
   std::int32_t output_emax, output_emin;
   bool output_subnormals;
+  std::int32_t product_shift;
+  // Where Wide lanes are needed: the largest |sum of a block's products| that the
+  // Narrow finish takes (a sum plus c's term stays below 2^30; mma_columns.inc).
+  std::int32_t narrow_sum_limit;
+  // The binary32 finish (mma_columns.inc) and the largest |sum of a block's products|
+  // it takes (a sum plus c's term stays an int32).
+  bool binary32_finish;
+  std::int32_t binary32_sum_limit;
+};
+
+// The exponent of the lowest set bit of a zero operand: a sum of two of them is above
+// any alignment exponent (the products' lost bits, mma_columns.inc).
+constexpr std::int32_t kNoLowBit = 1 << 20;
+
+// Operands of the column adder, [row][k] for A and [k][column] in a panel of B:
+// significand integers (A's shifted left by product_shift) and exponents; for the float
+// products, each value as a float, sig * 2^(exp - offset) (A's without the shift; offset
+// the row's or column's largest exponent), and `low`, exp + the trailing zero bits of sig
+// (kNoLowBit for zero): a product's bits below the alignment are non-zero exactly when
+// a.low + b.low < E.
+struct ColumnTerms {
+  const std::int32_t* sig;
+  const std::int32_t* exp;
+  const float* value;
+  const std::int32_t* low;
+  ColumnTerms operator+(std::size_t j) const { return {sig + j, exp + j, value + j, low + j}; }
+};
+
+// One panel (kLanes columns) of gemm_columns for rows 0..m-1.
+struct PanelJob {
+  std::size_t m, k, block_size;
+  ColumnTerms rows, panel;
+  // Float products for row i where row_spread[i] <= float_spread_limit (no row where
+  // the limit is negative); row_offset and panel_offset are the offsets of the values.
+  const std::int32_t* row_offset;
+  const std::int32_t* row_spread;
+  const std::int32_t* panel_offset;
+  std::int32_t float_spread_limit;
+  const char* row_special;
+  const double* C;
+  std::size_t ldc, used;  // used: the panel's columns inside C
+  const char* col_special;
+  // Per element, row stride result_stride: the result, whether the reference adder must
+  // redo it, and its INEXACT and UFLO.
+  double* result;
+  std::size_t result_stride;
+  char* slow;
+  Flags* element_flags;
 };
 
 // The column adder (mma_columns.inc) at both vector widths: kPanelRows, the columns of
 // one panel (kLanes of them) through all blocks of k, by [narrow][result step][nearest].
 constexpr std::size_t kLanes = 16;
-using PanelRows = void (*)(const ColumnAdder&, std::size_t, std::size_t, std::size_t, const std::int32_t*,
-                           const std::int32_t*, const std::int32_t*, const std::int32_t*, const char*, const double*,
-                           std::size_t, std::size_t, const char*, double*, std::size_t, char*, Flags*);
+using PanelRows = void (*)(const ColumnAdder&, const PanelJob&);
 
 namespace columns_avx2 {
 #define EMU_COLUMN_BYTES 32
@@ -169,6 +216,39 @@ const PanelRows* panel_adder() {
 #endif
   return columns_avx2::kPanelRows;
 }
+
+// For its lifetime, where `set`: the host's SSE rounding rne (`nearest`) or rz, with no
+// flush of subnormal results or operands and every exception masked; the caller's
+// control word back at the end.
+class HostRounding {
+ public:
+  HostRounding(bool set, bool nearest) : set_(set) {
+#if EMU_SIMD
+    if (!set_) return;
+    constexpr unsigned kAllMasked = 0x1f80, kTowardZero = 0x6000;
+    saved_ = _mm_getcsr();
+    _mm_setcsr(kAllMasked | (nearest ? 0 : kTowardZero));
+#else
+    (void)nearest;
+#endif
+  }
+  ~HostRounding() {
+#if EMU_SIMD
+    if (set_) _mm_setcsr(saved_);
+#endif
+  }
+  HostRounding(const HostRounding&) = delete;
+  HostRounding& operator=(const HostRounding&) = delete;
+
+ private:
+  bool set_;
+  unsigned saved_ = 0;
+};
+
+// How the column adder aligns and sums a block's products (detail::select_product_adder):
+// 1, the default, in float (exact products, scaled by 2^-E and truncated by conversion);
+// 0, the reference, integer shifts.
+std::atomic<int> selected_product_adder{1};
 
 // A term t (in units of the quantum, exact in double) cut to an integer as
 // AlignmentRounding says. Every step is exact in double: |t| < 2^43.
@@ -660,17 +740,28 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
   }
   const std::size_t panels = (n + kLanes - 1) / kLanes;
   std::vector<std::int32_t> b_sig(panels * k * kLanes, 0), b_exp(panels * k * kLanes, kZeroExponent);
-  // B by rows four columns at a time where every value is zero or normal; else (and for
-  // the columns beyond the last group of four) by columns, in the reference's order.
+  // B by rows, four columns at a time where every value is zero or normal, else one by
+  // one; by columns, in the reference's order, where n is not a multiple of four or a
+  // value is outside the format (so that the same one is reported). (By columns, B's
+  // rows are far apart: a single subnormal used to send all of B that way.)
   bool b_decoded = false;
 #if EMU_SIMD
   if (n % 4 == 0 && kLanes % 4 == 0) {
-    b_decoded = true;
-    for (std::size_t p = 0; p < k && b_decoded; ++p)
-      for (std::size_t j = 0; j < n && b_decoded; j += 4) {
-        const std::size_t at = ((j / kLanes) * k + p) * kLanes + j % kLanes;
-        b_decoded = decode4(B + p * ldb + j, &b_sig[at], &b_exp[at], 0);
-      }
+    try {
+      for (std::size_t p = 0; p < k; ++p)
+        for (std::size_t j = 0; j < n; j += 4) {
+          const std::size_t at = ((j / kLanes) * k + p) * kLanes + j % kLanes;
+          if (decode4(B + p * ldb + j, &b_sig[at], &b_exp[at], 0)) continue;
+          for (std::size_t q = 0; q < 4; ++q) {
+            bool special = false;
+            decode_integer(B[p * ldb + j + q], b_sig[at + q], b_exp[at + q], special, 0);
+            if (special) col_special[j + q] = 1;
+          }
+        }
+      b_decoded = true;
+    } catch (const std::invalid_argument&) {
+      // reported below, by columns
+    }
   }
 #endif
   if (!b_decoded)
@@ -683,7 +774,63 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
       col_special[j] = special;
     }
 
+  // The float products' operands (see ColumnTerms). A product of two values is exact in
+  // float and at least 2^-(row spread + column spread): a normal float while that is at
+  // most 126; the scale 2^(product_shift + row offset + column offset - E) stays below
+  // 2^128 while it is at most 127 - product_shift (mma_columns.inc). Rows and panels
+  // beyond the limit (wide bf16 data) take the integer shifts.
+  const bool float_products = selected_product_adder.load(std::memory_order_relaxed) != 0;
+  const std::int32_t float_spread = 126 - product_shift_;
+  // (Allocated for the integer shifts too: the column adder offsets their pointers.)
+  std::vector<float> a_value(m * k), b_value(panels * k * kLanes);
+  std::vector<std::int32_t> a_low(m * k), b_low(panels * k * kLanes), row_offset(m, 0), row_spread(m, 0),
+      col_offset(panels * kLanes, 0), col_spread(panels * kLanes, 0);
+  // Offsets and spreads of kCount sequences of `count` values, element p of sequence l
+  // at p * kCount + l (A's rows one by one, a panel's columns together); then the values
+  // and low bits. A sequence without a non-zero value keeps offset 0 and spread 0. In
+  // loops the compiler vectorises: this runs for every band of rows.
+  auto float_terms = [&]<std::size_t kCount>(const std::int32_t* sig, const std::int32_t* exp, std::size_t count,
+                                             int shift, float* value, std::int32_t* low, std::int32_t* offset,
+                                             std::int32_t* spread) {
+    std::int32_t largest[kCount], smallest[kCount];
+    std::fill_n(largest, kCount, kNoTerm);
+    std::fill_n(smallest, kCount, -kNoTerm);
+    for (std::size_t p = 0; p < count; ++p)
+      for (std::size_t l = 0; l < kCount; ++l) {
+        const std::size_t at = p * kCount + l;
+        largest[l] = std::max(largest[l], sig[at] != 0 ? exp[at] : kNoTerm);
+        smallest[l] = std::min(smallest[l], sig[at] != 0 ? exp[at] : -kNoTerm);
+      }
+    for (std::size_t l = 0; l < kCount; ++l) {
+      if (largest[l] == kNoTerm) largest[l] = smallest[l] = 0;
+      offset[l] = largest[l];
+      spread[l] = largest[l] - smallest[l];
+    }
+    for (std::size_t p = 0; p < count; ++p)
+      for (std::size_t l = 0; l < kCount; ++l) {
+        const std::size_t at = p * kCount + l;
+        // sig * 2^(exp - offset - shift): exact where the sequence takes the float
+        // products (its exponent is at least -126 there; clamped elsewhere, unused).
+        const std::int32_t scale = std::clamp(exp[at] - largest[l] - shift, -126, 0);
+        value[at] = static_cast<float>(sig[at]) * std::bit_cast<float>((scale + 127) << 23);
+        // The lowest set bit, sig & -sig, a power of two: its exponent as a float.
+        const auto lowest_bit = std::bit_cast<std::int32_t>(static_cast<float>(sig[at] & -sig[at]));
+        low[at] = sig[at] == 0 ? kNoLowBit : exp[at] + ((lowest_bit >> 23) & 0xff) - 127;
+      }
+  };
+  if (float_products) {
+    for (std::size_t i = 0; i < m; ++i)
+      float_terms.operator()<1>(a_sig.data() + i * k, a_exp.data() + i * k, k, product_shift_, a_value.data() + i * k,
+                                a_low.data() + i * k, &row_offset[i], &row_spread[i]);
+    for (std::size_t panel = 0; panel < panels; ++panel) {
+      const std::size_t at = panel * k * kLanes;
+      float_terms.operator()<kLanes>(b_sig.data() + at, b_exp.data() + at, k, 0, b_value.data() + at,
+                                     b_low.data() + at, &col_offset[panel * kLanes], &col_spread[panel * kLanes]);
+    }
+  }
+
   ColumnAdder adder{};
+  adder.product_shift = product_shift_;
   adder.kept_fraction_bits = params_.kept_fraction_bits;
   adder.min_alignment_exponent = params_.min_alignment_exponent;
   adder.result_step_applies = result_format_.has_value();
@@ -703,15 +850,43 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
   const auto block_size = static_cast<std::size_t>(params_.block_size);
   const std::int64_t kept_unit = std::int64_t{1} << params_.kept_fraction_bits;
   const bool narrow = static_cast<std::int64_t>(block_size) * 4 * kept_unit + 2 * kept_unit <= (std::int64_t{1} << 30);
+  auto sum_limit = [&](int bits) {  // 2^bits less c's largest term, at least 0
+    return static_cast<std::int32_t>(std::max<std::int64_t>((std::int64_t{1} << bits) - 2 * kept_unit, 0));
+  };
+  adder.narrow_sum_limit = sum_limit(30);
+  // On the host's conversion to float, rounding as the unit's final rounding with no
+  // flush: fp32 output (subnormal results go to the reference adder).
+  adder.binary32_finish = EMU_SIMD && float_products && !adder.result_step_applies && out_.fraction_bits() == 23 &&
+                          out_.emin() == -126 && out_.emax() == 127 && out_.subnormals();
+  adder.binary32_sum_limit = sum_limit(31);
   const bool nearest = params_.final_rounding == Rounding::rne;  // rne or rz (product_shift_ >= 0)
   const unsigned variant = (narrow ? 4u : 0u) | (adder.result_step_applies ? 2u : 0u) | (nearest ? 1u : 0u);
   const PanelRows* const kVariants = panel_adder();
   for (std::size_t panel = 0; panel < panels; ++panel) {
     const std::size_t j0 = panel * kLanes;
-    kVariants[variant](adder, m, k, block_size, a_sig.data(), a_exp.data(), b_sig.data() + panel * k * kLanes,
-                       b_exp.data() + panel * k * kLanes, row_special.data(), C + j0, ldc,
-                       std::min(kLanes, n - j0), col_special.data() + j0, result.data() + j0, n,
-                       slow.data() + j0, element_flags.data() + j0);
+    PanelJob job{};
+    job.m = m;
+    job.k = k;
+    job.block_size = block_size;
+    job.rows = {a_sig.data(), a_exp.data(), a_value.data(), a_low.data()};
+    job.panel = ColumnTerms{b_sig.data(), b_exp.data(), b_value.data(), b_low.data()} + panel * k * kLanes;
+    job.row_offset = row_offset.data();
+    job.row_spread = row_spread.data();
+    job.panel_offset = col_offset.data() + j0;
+    const auto panel_spread = col_spread.begin() + static_cast<std::ptrdiff_t>(j0);
+    job.float_spread_limit =
+        float_products ? float_spread - *std::max_element(panel_spread, panel_spread + kLanes) : -1;
+    job.row_special = row_special.data();
+    job.C = C + j0;
+    job.ldc = ldc;
+    job.used = std::min(kLanes, n - j0);
+    job.col_special = col_special.data() + j0;
+    job.result = result.data() + j0;
+    job.result_stride = n;
+    job.slow = slow.data() + j0;
+    job.element_flags = element_flags.data() + j0;
+    const HostRounding host_rounding(adder.binary32_finish, nearest);  // the panel adder's only, not the reference's
+    kVariants[variant](adder, job);
   }
   // The integer adder keeps products exact: an element with a product that may lie off
   // the 2^product_lsb grid goes to the reference adder, which cuts it. A product of
@@ -767,6 +942,12 @@ std::unique_ptr<MatrixUnit> make_tensor_core_unit(UnitKind preset, std::optional
 }
 
 namespace detail {
+
+bool select_product_adder(int implementation) {
+  if (implementation != 0 && implementation != 1) return false;
+  selected_product_adder.store(implementation, std::memory_order_relaxed);
+  return true;
+}
 
 bool select_panel_adder(int implementation) {
   if (implementation != 0 && implementation != 1) return false;

@@ -146,8 +146,9 @@ class TensorCoreUnit final : public MatrixUnit {
   // Equal to dot() per element, flags included (the instruction shapes m8n8k4,
   // m16n8k16, ... only cut k into chunks whose results are chained the same way). Where
   // the adder's terms fit 32-bit integers (every preset's native paths), alignment
-  // truncates sign-magnitude and the final rounding is rz or rne, it runs the integer
-  // adder across several output columns at once; otherwise, and for elements with NaN,
+  // truncates sign-magnitude and the final rounding is rz or rne, it runs a column
+  // adder across several output columns at once (its products exact in float, or
+  // integer shifts: detail::select_product_adder); otherwise, and for elements with NaN,
   // infinity or overflow, the reference adder per element. The context counting or
   // trapping INEXACT or UFLO takes the reference adder for every element, raising each
   // element's flags with it.
@@ -215,6 +216,11 @@ namespace detail {
 // vectors: AVX2) or 1 (64-byte vectors compiled for AVX-512, the default where the CPU
 // has it). false, changing nothing, where this build or CPU lacks it.
 bool select_panel_adder(int implementation);
+// For tests, likewise: how the column adder aligns and sums a block's products,
+// implementation 0 (integer shifts, the reference) or 1 (exact float products scaled to
+// the alignment and truncated by conversion, the default; rows and columns whose
+// exponents spread too far for float take the integer shifts). false for another value.
+bool select_product_adder(int implementation);
 }  // namespace detail
 
 }  // namespace emu

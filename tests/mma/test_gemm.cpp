@@ -5,6 +5,10 @@
 // for every preset, input and output format, on random and adversarial matrices.
 #include <catch2/catch.hpp>
 
+#include <tbb/global_control.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -18,16 +22,37 @@
 
 #include "../fp_counts.hpp"
 #include "emu/mma.hpp"
+#include "emu/threads.hpp"
 
 namespace {
 
-enum class Scenario { normal, wide_exponents, cancellation, subnormals, overflow, special_values };
-constexpr Scenario kScenarios[] = {Scenario::normal,     Scenario::wide_exponents, Scenario::cancellation,
-                                   Scenario::subnormals, Scenario::overflow,       Scenario::special_values};
+// moderate_spread: exponents within +-32, where a bf16 row and column together spread
+// about as far as the column adder's float products allow (mma.cpp), on both sides.
+// lost_bits: exact sums but for at most one small product and one small c, which the
+// alignment cuts (the whole product's INEXACT then hangs on them). large_sums: positive
+// values in [1, 2), so that a block's sum nears its bound (Hopper's blocks of 16 pass
+// 2^30 units of the alignment).
+enum class Scenario {
+  normal,
+  wide_exponents,
+  moderate_spread,
+  lost_bits,
+  large_sums,
+  cancellation,
+  subnormals,
+  overflow,
+  special_values
+};
+constexpr Scenario kScenarios[] = {Scenario::normal,       Scenario::wide_exponents, Scenario::moderate_spread,
+                                   Scenario::lost_bits,    Scenario::large_sums,     Scenario::cancellation,
+                                   Scenario::subnormals,   Scenario::overflow,       Scenario::special_values};
 const char* scenario_name(Scenario s) {
   switch (s) {
     case Scenario::normal: return "normal";
     case Scenario::wide_exponents: return "wide exponents";
+    case Scenario::moderate_spread: return "moderate spread";
+    case Scenario::lost_bits: return "lost bits";
+    case Scenario::large_sums: return "large sums";
     case Scenario::cancellation: return "cancellation";
     case Scenario::subnormals: return "subnormals";
     case Scenario::overflow: return "overflow";
@@ -46,7 +71,7 @@ double draw(std::mt19937_64& gen, const emu::Format& f, Scenario s, bool special
   emu::Context ctx;
   std::uniform_real_distribution<double> unit(1.0, 2.0);
   std::uniform_int_distribution<int> coin(0, 1), percent(0, 99);
-  const double sign = coin(gen) != 0 ? -1.0 : 1.0;
+  const double sign = coin(gen) != 0 && s != Scenario::large_sums ? -1.0 : 1.0;
   if (percent(gen) < 8) return sign * 0.0;
   if (special && percent(gen) < 3) {
     const int which = percent(gen) % 3;
@@ -55,13 +80,20 @@ double draw(std::mt19937_64& gen, const emu::Format& f, Scenario s, bool special
   }
   int exponent = std::normal_distribution<double>(0.0, 2.0)(gen) > 0 ? 0 : -1;
   switch (s) {
+    case Scenario::large_sums:
+      exponent = 0;
+      break;
     case Scenario::normal:
+    case Scenario::lost_bits:  // (make_problem sets its values)
     case Scenario::cancellation:
     case Scenario::special_values:
       exponent = std::uniform_int_distribution<int>(-3, 3)(gen);
       break;
     case Scenario::wide_exponents:
       exponent = std::uniform_int_distribution<int>(f.emin() - f.fraction_bits(), f.emax())(gen);
+      break;
+    case Scenario::moderate_spread:
+      exponent = std::clamp(std::uniform_int_distribution<int>(-32, 32)(gen), f.emin() - f.fraction_bits(), f.emax());
       break;
     case Scenario::subnormals:
       exponent = std::uniform_int_distribution<int>(f.emin() - f.fraction_bits(), f.emin() + 2)(gen);
@@ -81,6 +113,30 @@ Problem make_problem(std::mt19937_64& gen, std::size_t m, std::size_t n, std::si
   for (double& x : p.A) x = draw(gen, in, s, special);
   for (double& x : p.B) x = draw(gen, in, s, special);
   for (double& x : p.C) x = draw(gen, out, s == Scenario::subnormals ? s : Scenario::wide_exponents, special);
+  if (s == Scenario::lost_bits) {
+    // A power of two in A's first column and B's first row; at most one smaller product
+    // (in any block: c carries the large one), from 2^-44 of theirs up, so that its
+    // lowest bit falls on either side of every adder's alignment grid; one small c.
+    emu::Context ctx;
+    std::uniform_int_distribution<int> coin(0, 1), percent(0, 99), below(in.emax() / 2 - 22, in.emax() / 2 - 1);
+    std::uniform_real_distribution<double> significand(1.0, 2.0);
+    const double big = std::ldexp(1.0, in.emax() / 2);
+    std::fill(p.A.begin(), p.A.end(), 0.0);
+    std::fill(p.B.begin(), p.B.end(), 0.0);
+    std::fill(p.C.begin(), p.C.end(), 0.0);
+    for (std::size_t i = 0; i < m; ++i) p.A[i * k] = coin(gen) != 0 ? big : -big;
+    for (std::size_t j = 0; j < n; ++j) p.B[j] = coin(gen) != 0 ? big : -big;
+    if (k >= 2 && coin(gen) != 0) {
+      const std::size_t q = std::uniform_int_distribution<std::size_t>(1, k - 1)(gen);
+      p.A[std::uniform_int_distribution<std::size_t>(0, m - 1)(gen) * k + q] =
+          ctx.convert(in, (coin(gen) != 0 ? 1 : -1) * significand(gen) * std::ldexp(1.0, below(gen)));
+      p.B[q * n + std::uniform_int_distribution<std::size_t>(0, n - 1)(gen)] =
+          ctx.convert(in, (coin(gen) != 0 ? 1 : -1) * std::ldexp(1.0, below(gen)));
+    }
+    if (percent(gen) < 25)
+      p.C[std::uniform_int_distribution<std::size_t>(0, m * n - 1)(gen)] = (coin(gen) != 0 ? 1 : -1) *
+                                                                             std::ldexp(1.0, out.emin());
+  }
   if (s == Scenario::cancellation) {
     // Pairs of equal products of opposite signs, sometimes nudged by one unit in the last
     // place, beside a term large enough to set the alignment alone.
@@ -392,6 +448,60 @@ TEST_CASE("tensor-core gemm: an overflowing element is counted and reported as [
   CHECK(std::isinf(ctx.counts()[0].first_result));
 }
 
+// One GEMM's outcome under `control`: C, status, counts and the trap report, if one fired.
+struct Outcome {
+  std::vector<double> C;
+  emu::Flags status = 0;
+  std::vector<emu::OpCount> counts;
+  std::optional<emu::TrapReport> trap;
+};
+
+Outcome run_gemm(const emu::MatrixUnit& unit, const emu::FpControl& control, const Problem& p) {
+  Outcome o{p.C, 0, {}, std::nullopt};
+  emu::Context ctx(control);
+  try {
+    unit.gemm(ctx, p.m, p.n, p.k, p.A.data(), p.k, p.B.data(), p.n, o.C.data(), p.n);
+  } catch (const emu::FpException& e) {
+    o.trap = e.report();
+  }
+  o.status = ctx.status();
+  o.counts = ctx.counts();
+  return o;
+}
+
+// Every bit of C, the status, the counts and the trap report of `fast` equal those of
+// `reference` (INFO says which run they are).
+void check_same_outcome(const Outcome& fast, const Outcome& reference) {
+  std::size_t mismatches = 0, first = 0;
+  for (std::size_t e = 0; e < fast.C.size(); ++e)
+    if (bits(fast.C[e]) != bits(reference.C[e]) && mismatches++ == 0) first = e;
+  if (mismatches != 0)
+    FAIL_CHECK(mismatches << " of " << fast.C.size() << " elements differ, the first at index " << first << ": "
+                          << std::hexfloat << fast.C[first] << ", reference " << reference.C[first]);
+  CHECK(int{fast.status} == int{reference.status});
+  fp_counts::check_same_counts(fast.counts, reference.counts);
+  REQUIRE(fast.trap.has_value() == reference.trap.has_value());
+  if (fast.trap) fp_counts::check_same_report(*fast.trap, *reference.trap);
+}
+
+// Plain, counting everything (the reference adder per element), trapping OFLO and INV
+// (the column adder, the reference for the elements that overflow), trapping UFLO.
+std::vector<emu::FpControl> adder_controls() {
+  emu::FpControl plain, count_all, trap_oflo_inv, trap_uflo;
+  count_all.counted = emu::OFLO | emu::DIV0 | emu::INV | emu::UFLO | emu::INEXACT;
+  trap_oflo_inv.traps = emu::OFLO | emu::INV;
+  trap_uflo.traps = emu::UFLO;
+  return {plain, count_all, trap_oflo_inv, trap_uflo};
+}
+
+std::string describe(const Combination& combo, Scenario s, const Problem& p, const emu::FpControl& control) {
+  std::ostringstream out;
+  out << emu::unit_kind_name(combo.preset) << " " << combo.in << " -> " << combo.out << ", " << scenario_name(s)
+      << ", " << p.m << "x" << p.n << "x" << p.k << ", counted " << int{control.counted} << ", traps "
+      << int{control.traps};
+  return out.str();
+}
+
 TEST_CASE("tensor-core gemm: the AVX-512 column adder equals the AVX2 one (values, flags, counts, traps)",
           "[mma][gemm]") {
   // The column adder runs on 64-byte vectors where the CPU has AVX-512 (the default) and
@@ -405,54 +515,75 @@ TEST_CASE("tensor-core gemm: the AVX-512 column adder equals the AVX2 one (value
   struct Restore {
     ~Restore() { emu::detail::select_panel_adder(1); }
   } restore;
-  emu::FpControl plain, count_all, trap_oflo_inv, trap_uflo;
-  count_all.counted = emu::OFLO | emu::DIV0 | emu::INV | emu::UFLO | emu::INEXACT;
-  trap_oflo_inv.traps = emu::OFLO | emu::INV;
-  trap_uflo.traps = emu::UFLO;
-  struct Outcome {
-    std::vector<double> C;
-    emu::Flags status = 0;
-    std::vector<emu::OpCount> counts;
-    std::optional<emu::TrapReport> trap;
-  };
-  auto run = [](int adder, const emu::MatrixUnit& unit, const emu::FpControl& control, const Problem& p) {
-    REQUIRE(emu::detail::select_panel_adder(adder));
-    Outcome o{p.C, 0, {}, std::nullopt};
-    emu::Context ctx(control);
-    try {
-      unit.gemm(ctx, p.m, p.n, p.k, p.A.data(), p.k, p.B.data(), p.n, o.C.data(), p.n);
-    } catch (const emu::FpException& e) {
-      o.trap = e.report();
-    }
-    o.status = ctx.status();
-    o.counts = ctx.counts();
-    return o;
-  };
   std::mt19937_64 gen(512);
   std::uniform_int_distribution<std::size_t> rows(1, 7), cols(1, 53), depth(1, 90);
   std::size_t problems = 0;
   for (const Combination& combo : combinations()) {
     const auto unit = emu::make_unit(combo.preset, emu::format_by_name(combo.in), emu::format_by_name(combo.out));
     for (Scenario s : kScenarios)
-      for (const emu::FpControl& control : {plain, count_all, trap_oflo_inv, trap_uflo}) {
+      for (const emu::FpControl& control : adder_controls()) {
         const Problem p = make_problem(gen, rows(gen), cols(gen), depth(gen), unit->input_format(),
                                        unit->output_format(), s);
-        const Outcome wide = run(1, *unit, control, p), narrow = run(0, *unit, control, p);
+        REQUIRE(emu::detail::select_panel_adder(1));
+        const Outcome wide = run_gemm(*unit, control, p);
+        REQUIRE(emu::detail::select_panel_adder(0));
+        const Outcome narrow = run_gemm(*unit, control, p);
         ++problems;
-        std::size_t mismatches = 0, first = 0;
-        for (std::size_t e = 0; e < p.C.size(); ++e)
-          if (bits(wide.C[e]) != bits(narrow.C[e]) && mismatches++ == 0) first = e;
-        INFO(emu::unit_kind_name(combo.preset) << " " << combo.in << " -> " << combo.out << ", " << scenario_name(s)
-                                               << ", " << p.m << "x" << p.n << "x" << p.k << ", counted "
-                                               << int{control.counted} << ", traps " << int{control.traps});
-        if (mismatches != 0)
-          FAIL_CHECK(mismatches << " of " << p.C.size() << " elements differ, the first at index " << first
-                                << ": AVX-512 " << std::hexfloat << wide.C[first] << ", AVX2 " << narrow.C[first]);
-        CHECK(int{wide.status} == int{narrow.status});
-        fp_counts::check_same_counts(wide.counts, narrow.counts);
-        REQUIRE(wide.trap.has_value() == narrow.trap.has_value());
-        if (wide.trap) fp_counts::check_same_report(*wide.trap, *narrow.trap);
+        INFO(describe(combo, s, p, control) << "; AVX-512 against AVX2");
+        check_same_outcome(wide, narrow);
       }
   }
   CHECK(problems >= 20 * 6 * 4);
+}
+
+TEST_CASE("tensor-core gemm: the column adder's float products equal its integer shifts at 1, 2 and 3 threads",
+          "[mma][gemm]") {
+  // The column adder sums a block's products in float where the operands' exponents
+  // allow (the default) and by integer shifts otherwise (detail::select_product_adder:
+  // the reference); at either vector width and any number of GEMM threads the two must
+  // not differ in a bit. Random shapes, up to 300 rows so that 2 and 3 threads take
+  // bands; every preset and format pair, every scenario (moderate_spread puts bf16 rows
+  // and columns on both sides of the float products' limit); plain, counting everything
+  // and trapping. Inside an arena of 4 threads (oneTBB limited to 4), so that 3 threads
+  // run even on fewer cores.
+  struct Restore {
+    ~Restore() {
+      emu::detail::select_product_adder(1);
+      emu::detail::select_panel_adder(1);
+      emu::set_gemm_threads(0);
+    }
+  } restore;
+  const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, 4);
+  tbb::task_arena arena(4);
+  std::mt19937_64 gen(2022);
+  std::uniform_int_distribution<std::size_t> rows(1, 300), cols(1, 53), depth(1, 90);
+  std::uniform_int_distribution<int> threads(1, 3), width(0, 1);
+  std::size_t problems = 0, threaded = 0;
+  for (const Combination& combo : combinations()) {
+    const auto unit = emu::make_unit(combo.preset, emu::format_by_name(combo.in), emu::format_by_name(combo.out));
+    for (Scenario s : kScenarios)
+      for (const emu::FpControl& control : adder_controls()) {
+        const Problem p = make_problem(gen, rows(gen), cols(gen), depth(gen), unit->input_format(),
+                                       unit->output_format(), s);
+        const int fast_threads = threads(gen), reference_threads = threads(gen);
+        // The 64-byte width where the CPU has it (false and unchanged where not).
+        emu::detail::select_panel_adder(width(gen));
+        Outcome fast, reference;
+        arena.execute([&] {
+          REQUIRE(emu::detail::select_product_adder(1));
+          emu::set_gemm_threads(fast_threads);
+          fast = run_gemm(*unit, control, p);
+          REQUIRE(emu::detail::select_product_adder(0));
+          emu::set_gemm_threads(reference_threads);
+          reference = run_gemm(*unit, control, p);
+        });
+        ++problems;
+        if (p.m > 128 && std::max(fast_threads, reference_threads) > 1) ++threaded;
+        INFO(describe(combo, s, p, control) << "; float products on " << fast_threads
+                                            << " threads against integer shifts on " << reference_threads);
+        check_same_outcome(fast, reference);
+      }
+  }
+  CHECK(problems >= 20 * 9 * 4);
+  CHECK(threaded >= problems / 4);
 }
