@@ -56,6 +56,7 @@
 #include "emu/unit.hpp"
 #include "emu/unit_request.hpp"
 #include "experiment.hpp"
+#include "cli/commands.hpp"
 
 namespace roundoff {
 
@@ -212,11 +213,16 @@ std::string check_out_format(const ParamValue& v) {
   return check_format_name(v);
 }
 
-// The unit must accept the formats: ask it (e.g. ipu-amp-half refuses an fp32 output,
-// b200 mxint8).
+// A and B within the matrix limit (M x N is by the parameters' ranges), and the unit
+// must accept the formats: ask it (e.g. ipu-amp-half refuses an fp32 output, b200 mxint8).
 std::string check_point(const Params& p) {
   try {
-    (void)ready_unit(point_of(p));
+    const Point t = point_of(p);
+    for (const auto& [name, rows, cols] : {std::tuple{"A (M x K)", t.m, t.k}, std::tuple{"B (K x N)", t.k, t.n}})
+      emu::cli::check_matrix_size(name, rows, cols);
+    (void)ready_unit(t);
+  } catch (const emu::cli::UsageError& e) {
+    return e.what();
   } catch (const std::invalid_argument& e) {
     return e.what();
   }

@@ -225,9 +225,10 @@ const char* const kGemmHelp = R"HELP(usage: emu gemm --unit UNIT A.txt B.txt [C.
 
 Computes A*B + C through UNIT (see emu dot --help). Matrix files: one row per line,
 numbers separated by white space; blank lines and lines starting with # are skipped.
-A is m x k, B is k x n, C (default zero) is m x n. Inputs are rounded into the input
-format and C into the output format with rne. Each element is computed by the unit's
-gemm as a 1 x 1 x k product, so its flags are its own.
+A is m x k, B is k x n, C (default zero) is m x n; each of them and A*B has at most
+16777216 elements (4096 x 4096). Inputs are rounded into the input format and C into
+the output format with rne. Each element is computed by the unit's gemm as a 1 x 1 x k
+product, so its flags are its own.
 Output: without --json, one line per row of the result (shortest decimals that read
 back to the output format's values) and a last line with the flags of all elements.
 With --json, one object per element in row-major order, with fields unit, in, out,
@@ -861,6 +862,9 @@ Matrix read_matrix(const std::string& path) {
       auto end = line.find_first_of(" \t\r", start);
       if (end == std::string::npos) end = line.size();
       const std::string token = line.substr(start, end - start);
+      if (m.values.size() == kMaxMatrixElements)
+        throw UsageError(path + ":" + std::to_string(line_no) + ": more than " + std::to_string(kMaxMatrixElements) +
+                         " values, the limit of a matrix (4096 x 4096)");
       try {
         m.values.push_back(parse_number(token));
       } catch (const NumberError& e) {
@@ -932,6 +936,7 @@ int gemm(const std::vector<std::string>& args, Output& out) {
   if (const auto v = o.get("--threads")) set_gemm_threads(static_cast<int>(integer_option("--threads", *v, 0, 4096)));
   const Matrix A = read_matrix(o.positionals[0]), B = read_matrix(o.positionals[1]);
   expect_rows(B, A.cols, "A*B with A = " + A.path + " (" + std::to_string(A.cols) + " columns)");
+  check_matrix_size("A*B with A = " + A.path + " and B = " + B.path, A.rows, B.cols);
   std::optional<Matrix> C;
   if (o.positionals.size() == 3) {
     C = read_matrix(o.positionals[2]);

@@ -111,6 +111,20 @@ struct DotResult {
 DotResult unit_dot(const UnitSetup& s, Context& ctx, std::span<const Exact> a, std::span<const Exact> b,
                    const Exact& c);
 
+// The largest matrix, operand or product, that roundoff allocates from a size it was
+// given (emu gemm's files and product, roundoff.matmul's product, matmul_accum's M x K
+// and K x N): 2^24 = 16,777,216 elements, 4096 x 4096 (128 MiB of float64). A product
+// through an emulated unit stays far below it; a mistyped size is refused before
+// anything is allocated.
+inline constexpr std::size_t kMaxMatrixElements = std::size_t{1} << 24;
+// Throws UsageError naming the matrix `what` when rows x cols is over kMaxMatrixElements
+// (inline: the experiments check their own matrices with it and do not link the CLI).
+inline void check_matrix_size(const std::string& what, std::size_t rows, std::size_t cols) {
+  if (cols == 0 || rows <= kMaxMatrixElements / cols) return;
+  throw UsageError(what + " would be " + std::to_string(rows) + " x " + std::to_string(cols) +
+                   ", more than the limit of " + std::to_string(kMaxMatrixElements) + " elements (4096 x 4096)");
+}
+
 // A B + C (A m x k, B k x n, row-major; C m x n, or empty for zeros) as emu gemm
 // computes it with a block format: A's rows and B's columns quantised along k (nvfp4:
 // one tensor scale for all of A, one for all of B), each element's C rounded into the

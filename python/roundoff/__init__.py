@@ -283,6 +283,8 @@ def matmul(A, B, C=None, *, unit, in_format=None, out_format=None, rounding="rne
     A (m x k) and B (k x n) are rounded into the unit's input format and C (default zero)
     into its output format with rne; the flags are those of every element's computation
     and of those conversions.
+    The product has at most 2^24 = 16,777,216 elements (4096 x 4096; ValueError
+    beyond, before anything is allocated).
 
     A block format as in_format with unit="b200" (see dot) quantises A's rows and B's
     columns into blocks along k (nvfp4: one tensor scale for all of A, one for all of B)

@@ -330,6 +330,7 @@ py::tuple matmul(const Doubles& A, const Doubles& B, const std::optional<Doubles
   if (C && (static_cast<std::size_t>(C->shape(0)) != m || static_cast<std::size_t>(C->shape(1)) != n))
     throw UsageError("matmul: C is " + std::to_string(C->shape(0)) + " x " + std::to_string(C->shape(1)) +
                      ", but A*B + C needs " + std::to_string(m) + " x " + std::to_string(n));
+  emu::cli::check_matrix_size("matmul: A @ B", m, n);
   if (setup.ready.block) return block_matmul(setup, ctx, A, B, C);
   const emu::MatrixUnit& unit = *setup.ready.unit;
   const emu::Format& out = unit.output_format();

@@ -137,6 +137,12 @@ def experiment(*, description, params, metrics, headline, traces=()):
     return declare
 
 
+# The most trace samples one run records, all its traces together: the sweep's limit
+# (experiments/sweep/config.hpp, kMaxTraceSamplesPerRun), which a built-in experiment
+# declares before it runs and a Python experiment's result is checked against.
+MAX_TRACE_SAMPLES_PER_RUN = 10_000_000
+
+
 def check_result(declaration, result):
     """The result's metrics, traces and fp_counts rows checked against the declaration;
     ValueError naming what is wrong (that run fails with it)."""
@@ -156,12 +162,17 @@ def check_result(declaration, result):
         metrics[name] = float(value)
     declared_traces = [t.name for t in declaration.traces]
     traces = {}
+    samples = 0
     for name, xy in result.traces.items():
         if name not in declared_traces:
             raise ValueError(f"trace {name!r} is not declared (declared: {', '.join(declared_traces) or 'none'})")
         x, y = ([float(v) for v in _flat(a)] for a in xy)
         if len(x) != len(y):
             raise ValueError(f"trace {name!r}: x has {len(x)} values and y {len(y)}")
+        samples += len(y)
+        if samples > MAX_TRACE_SAMPLES_PER_RUN:
+            raise ValueError(f"the traces hold more than {MAX_TRACE_SAMPLES_PER_RUN} samples, the limit per run "
+                             f"(configs/README.md); trace {name!r} has {len(y)}")
         traces[name] = (x, y)
     return metrics, traces, _count_rows(result.fp_counts)
 

@@ -904,6 +904,19 @@ rc, _, err = emu("round", "1", "--format", "fp17")
 check("fp16" in err and "bf16" in err, f"unknown format lists the known ones: {err!r}")
 rc, _, err = emu("gemm", "--unit", "exact", A, BAD_B)
 check("bad_B.txt:2" in err, f"gemm names the file and line: {err!r}")
+# The matrix limit (README): a product over 2^24 elements is refused before anything is
+# allocated (4097 x 1 times 1 x 4097), and so is a file of more than 2^24 values, at the
+# line where it passes the limit (4096 rows of 4096, then one more value).
+TALL = write("tall.txt", "1\n" * 4097)
+WIDE = write("wide.txt", " ".join(["1"] * 4097) + "\n")
+rc, out, err = emu("gemm", "--unit", "exact", TALL, WIDE)
+check(rc == 2 and out == "" and err == f"emu gemm: A*B with A = {TALL} and B = {WIDE} would be 4097 x 4097, more than "
+      "the limit of 16777216 elements (4096 x 4096)\n", f"gemm over the matrix limit: {rc} {err!r}")
+HUGE = write("huge.txt", ("0 " * 4096 + "\n") * 4096 + "0\n")
+rc, out, err = emu("gemm", "--unit", "exact", HUGE, TALL)
+check(rc == 2 and out == "" and err == f"emu gemm: {HUGE}:4097: more than 16777216 values, the limit of a matrix "
+      "(4096 x 4096)\n", f"gemm file over the matrix limit: {rc} {err!r}")
+os.remove(HUGE)
 
 # ---- formats beyond IEEE and block quantisation -------------------------------------
 [fnuz] = emu_json("info", "fp8-e4m3fnuz")

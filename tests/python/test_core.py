@@ -305,6 +305,15 @@ def test_matmul_is_the_same_at_any_number_of_threads(unit):
         assert flags == results[0][1]
 
 
+@pytest.mark.parametrize("in_format", [None, "mxfp8-e4m3"])
+def test_matmul_refuses_a_product_over_the_matrix_limit(in_format):
+    # 4097 x 1 times 1 x 4097: 16,785,409 elements, one row and one column over 4096 x
+    # 4096 (README), refused before the product is allocated; the block path too.
+    with pytest.raises(ValueError, match=re.escape(
+            "matmul: A @ B would be 4097 x 4097, more than the limit of 16777216 elements (4096 x 4096)")):
+        roundoff.matmul(np.ones((4097, 1)), np.ones((1, 4097)), unit="b200", in_format=in_format)
+
+
 def test_set_num_threads_errors():
     with pytest.raises(ValueError, match="GEMM threads"):
         roundoff.set_num_threads(-1)

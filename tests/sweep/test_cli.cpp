@@ -111,6 +111,11 @@ const BadConfig kBadConfigs[] = {
      "over the limit of 268435456"},
     {"summation's trace over the limit", "experiment: summation\noutput: out.h5\ngrid:\n  n: 100000000\n  trace_every: 9\n", 3,
      "trace samples, over the limit"},
+    // The matrix limit (configs/README.md): A and B of matmul_accum at most 2^24 elements.
+    {"matmul_accum's A over the matrix limit", "experiment: matmul_accum\noutput: out.h5\ngrid:\n  K: [256, 16777216]\n", 3,
+     "point 1 (K=16777216): A (M x K) would be 8 x 16777216, more than the limit of 16777216 elements (4096 x 4096)"},
+    {"matmul_accum's B over the matrix limit", "experiment: matmul_accum\noutput: out.h5\ngrid:\n  M: 1\n  N: 2\n  K: 16777216\n", 3,
+     "B (K x N) would be 16777216 x 2, more than the limit of 16777216 elements"},
     // The floating-point exception parameters.
     {"unknown fp_exceptions mode", kHead + "grid:\n  fp_exceptions: cont\n", 4, "did you mean 'count'"},
     {"fp_exceptions not a string", kHead + "grid:\n  fp_exceptions: true\n", 4, "expected a string"},

@@ -217,6 +217,15 @@ class PythonSweepTest(unittest.TestCase):
         self.assertEqual(set(failures["message"]),
                          {"ValueError: metric 'surprise' is not declared (declared: value)"})
 
+    def test_a_trace_over_the_limit_fails_the_run_naming_it(self):
+        _, run, out = self.misbehave(["long_trace"])
+        self.assertEqual(run.returncode, 2, run.stderr)
+        r = results.open(out)
+        np.testing.assert_array_equal(r.done_replicas, [[True, False]])
+        self.assertEqual(results.failures_table(r)["message"].tolist(),
+                         ["ValueError: the traces hold more than 10000000 samples, the limit per run "
+                          "(configs/README.md); trace 'curve' has 10000001"])
+
     def test_a_worker_that_dies_fails_that_run_only(self):
         _, run, out = self.misbehave(["crash", "ok"], replicas=3)
         self.assertEqual(run.returncode, 2, run.stderr)
@@ -259,7 +268,7 @@ class PythonSweepTest(unittest.TestCase):
         described = self.folder.sweep("--describe", config)
         self.assert_ok(described)
         self.assertIn(f"python ({config}): runs that fail in each documented way", described.stdout)
-        self.assertIn("mode           string ok         what the run does [one of: ok raise nan undeclared crash trap]",
+        self.assertIn("mode           string ok         what the run does [one of: ok raise nan undeclared crash trap long_trace]",
                       described.stdout)
         self.assertIn("headline: value", described.stdout)
         planned = self.folder.sweep(config, "--dry-run")
