@@ -76,10 +76,13 @@ constexpr int kZeroExponent = -(1 << 20);      // a zero factor's: its product n
 constexpr int kNoProduct = kZeroExponent / 2;  // E below this: the group's products are all zero
 constexpr int kKeptBits = 24, kSumBits = 31, kCBits = 24;  // the presets' fused adder (the fast one's)
 
-// 1 where an fp32 result is neither zero nor normal (subnormal, infinite or NaN).
+// 1 where a rounded fp32 result may have been tiny or may have overflowed: not zero and
+// not strictly between 2^-126 and the largest finite value (a result rounded up to 2^-126
+// was tiny before rounding: UFLO).
 inline std::uint32_t outside_normal(float v) {
   const float magnitude = std::fabs(v);
-  return static_cast<std::uint32_t>(!(magnitude <= FLT_MAX)) | static_cast<std::uint32_t>(magnitude < 0x1p-126f && magnitude != 0);
+  return static_cast<std::uint32_t>(!(magnitude < FLT_MAX)) |
+         static_cast<std::uint32_t>(magnitude <= 0x1p-126f && magnitude != 0);
 }
 
 // x + y rounded to nearest even, as fp32 does it; `inexact` learns from the TwoSum error
@@ -403,8 +406,11 @@ class CdnaUnit final : public MatrixUnit {
         const bool products = e[l] > kNoProduct;
         group_lost |= static_cast<std::uint32_t>(static_cast<double>(rounded) != exact);
         // A product of 2^128 or more is an infinity there (a special group): dot() sees to it.
+        // Judged on the exact value: one that rounds to zero or up to 2^-126 was tiny.
+        const double magnitude = std::fabs(exact);
         bad[l] |= static_cast<std::uint32_t>(products) &
-                  (outside_normal(rounded) | static_cast<std::uint32_t>(e[l] >= 126));
+                  (outside_normal(rounded) | static_cast<std::uint32_t>(magnitude <= 0x1p-126 && magnitude != 0) |
+                   static_cast<std::uint32_t>(e[l] >= 126));
         inexact[l] |= products ? group_lost : 0;
         acc[l] = products ? rounded : (c == 0 ? 0.0f : c);
       }
