@@ -6,6 +6,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -73,7 +74,6 @@ std::atomic<bool> fast_gemm{true};  // detail::select_cdna_fast_gemm
 // recomputed by dot().
 constexpr std::size_t kLanes = 16;
 constexpr int kZeroExponent = -(1 << 20);      // a zero factor's: its product never sets E
-constexpr int kNoProduct = kZeroExponent / 2;  // E below this: the group's products are all zero
 constexpr int kKeptBits = 24, kSumBits = 31, kCBits = 24;  // the presets' fused adder (the fast one's)
 
 // 1 where a rounded fp32 result may have been tiny or may have overflowed: not zero and
@@ -82,7 +82,7 @@ constexpr int kKeptBits = 24, kSumBits = 31, kCBits = 24;  // the presets' fused
 inline std::uint32_t outside_normal(float v) {
   const float magnitude = std::fabs(v);
   return static_cast<std::uint32_t>(!(magnitude < FLT_MAX)) |
-         static_cast<std::uint32_t>(magnitude <= 0x1p-126f && magnitude != 0);
+         (static_cast<std::uint32_t>(magnitude <= 0x1p-126f) & static_cast<std::uint32_t>(magnitude != 0));
 }
 
 // x + y rounded to nearest even, as fp32 does it; `inexact` learns from the TwoSum error
@@ -102,10 +102,13 @@ inline double power_of_two(int e) { return std::bit_cast<double>(static_cast<std
 // Operands decoded once per GEMM call. Pairwise: values as floats (flushed where the
 // datapath flushes). Fused: |x| = magnitude * 2^(exponent - fraction bits), exponent
 // the factor's clamped at its format's emin (kZeroExponent for a zero), sign 0 or -1.
-// B's columns are padded with zeros to whole tiles.
+// B is stored by tiles of kLanes columns, each k x kLanes row-major (a tile stays in
+// cache while the rows of A pass), its columns padded with zeros to whole tiles.
 struct Decoded {
   std::size_t k = 0, n = 0, columns = 0;  // columns: n rounded up to kLanes
-  std::vector<float> a, b;                // pairwise: A m x k, B k x columns
+  std::vector<float> a, b;                // pairwise: A m x k, B by tiles
+  // Where B's (p, j) is: tile j / kLanes, row p, lane j % kLanes.
+  std::size_t b_at(std::size_t p, std::size_t j) const { return ((j / kLanes) * k + p) * kLanes + j % kLanes; }
   std::vector<std::int32_t> a_magnitude, a_exponent, a_sign, b_magnitude, b_exponent, b_sign;  // fused
   int shift = 0;                          // fused: 24 - A's fraction bits - B's
   // Per row of A and column of B: a NaN or infinity there; the smallest non-zero
@@ -169,23 +172,41 @@ class CdnaUnit final : public MatrixUnit {
       return;
     }
     const Flags watched = ctx.control.counted | ctx.control.traps;
-    std::vector<float> value(d.columns);
-    std::vector<std::uint32_t> bad(d.columns), inexact(d.columns);
-    for (std::size_t i = 0; i < m; ++i) {
-      double* row = C + i * ldc;
-      for (std::size_t j = 0; j < d.columns; ++j) {
-        const double c = j < n ? row[j] : 0.0;
-        const auto cf = static_cast<float>(c);
-        bad[j] = static_cast<std::uint32_t>(!std::isfinite(c) || static_cast<double>(cf) != c);
-        value[j] = bad[j] != 0 ? 0.0f : params_.flush_subnormals ? static_cast<float>(flush_input(cf, out_)) : cf;
-        inexact[j] = 0;
-      }
-      for (std::size_t j0 = 0; j0 < d.columns; j0 += kLanes) {
-        if (params_.path == CdnaPath::pairwise)
-          pairwise_tile(d, i, j0, value.data() + j0, bad.data() + j0, inexact.data() + j0);
-        else
-          fused_tile(d, i, j0, value.data() + j0, bad.data() + j0, inexact.data() + j0);
-      }
+    constexpr std::size_t kBlock = 32;  // rows computed per pass over B's tiles
+    const std::size_t block = std::min(m, kBlock);
+    std::vector<float> values(block * d.columns);
+    std::vector<std::uint32_t> bads(block * d.columns), inexacts(block * d.columns);
+    for (std::size_t i0 = 0; i0 < m; i0 += kBlock) {
+      const std::size_t rows = std::min(kBlock, m - i0);
+      for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t j = 0; j < d.columns; ++j) {
+          const double c = j < n ? C[(i0 + r) * ldc + j] : 0.0;
+          const auto cf = static_cast<float>(c);
+          const std::size_t at = r * d.columns + j;
+          bads[at] = static_cast<std::uint32_t>(!std::isfinite(c) || static_cast<double>(cf) != c);
+          values[at] = bads[at] != 0 ? 0.0f : params_.flush_subnormals ? static_cast<float>(flush_input(cf, out_)) : cf;
+          inexacts[at] = 0;
+        }
+      for (std::size_t j0 = 0; j0 < d.columns; j0 += kLanes)
+        for (std::size_t r = 0; r < rows; ++r) {
+          const std::size_t at = r * d.columns + j0;
+          if (params_.path == CdnaPath::pairwise)
+            pairwise_tile(d, i0 + r, j0, values.data() + at, bads.data() + at, inexacts.data() + at);
+          else
+            fused_tile(d, i0 + r, j0, values.data() + at, bads.data() + at, inexacts.data() + at);
+        }
+      for (std::size_t r = 0; r < rows; ++r)
+        finish_row(ctx, d, i0 + r, n, k, A, lda, B, ldb, C + (i0 + r) * ldc, watched, values.data() + r * d.columns,
+                   bads.data() + r * d.columns, inexacts.data() + r * d.columns);
+    }
+  }
+
+ private:
+  // Row i of C from the fast pass's values, in column order: dot() for the elements the
+  // pass does not vouch for.
+  void finish_row(Context& ctx, const Decoded& d, std::size_t i, std::size_t n, std::size_t k, const double* A,
+                  std::size_t lda, const double* B, std::size_t ldb, double* row, Flags watched, const float* value,
+                  const std::uint32_t* bad, const std::uint32_t* inexact) const {
       for (std::size_t j = 0; j < n; ++j) {
         const Flags flags = inexact[j] != 0 ? INEXACT : 0;
         const bool vouched = bad[j] == 0 && d.row_special[i] == 0 && d.column_special[j] == 0 &&
@@ -200,10 +221,8 @@ class CdnaUnit final : public MatrixUnit {
         if (flags != 0) ctx.raise_flags(flags, "mma", {});
         row[j] = value[j];
       }
-    }
   }
 
- private:
   // Whether operand() takes v (it throws otherwise).
   bool takes(double v, const Format& f) const {
     return !std::isfinite(v) || (params_.truncate_to_tf32 ? fp32() : f).representable(v);
@@ -248,7 +267,7 @@ class CdnaUnit final : public MatrixUnit {
     };
     if (pairwise) {
       d.a.resize(m * k);
-      d.b.assign(k * d.columns, 0.0f);
+      d.b.assign(k * d.columns, 0.0f);  // zeros, +0 products, in the padding
     } else {
       d.a_magnitude.resize(m * k);
       d.a_exponent.resize(m * k);
@@ -286,7 +305,7 @@ class CdnaUnit final : public MatrixUnit {
         if (!put(A[i * lda + p], in_, true, i * k + p, d.row_special[i], d.row_min[i])) return false;
     for (std::size_t p = 0; p < k; ++p)
       for (std::size_t j = 0; j < n; ++j)
-        if (!put(B[p * ldb + j], in_b_, false, p * d.columns + j, d.column_special[j], d.column_min[j])) return false;
+        if (!put(B[p * ldb + j], in_b_, false, d.b_at(p, j), d.column_special[j], d.column_min[j])) return false;
     return true;
   }
 
@@ -315,7 +334,7 @@ class CdnaUnit final : public MatrixUnit {
     const float* a = d.a.data() + i * d.k;
     float sum[kLanes];
     for (std::size_t first = 0; first < d.k; first += group) {
-      pairwise_lanes(a + first, d.b.data() + first * d.columns + j0, d.columns, std::min(group, d.k - first), sum,
+      pairwise_lanes(a + first, d.b.data() + d.b_at(first, j0), kLanes, std::min(group, d.k - first), sum,
                      bad, inexact);
       for (std::size_t l = 0; l < kLanes; ++l) acc[l] = add_lane(acc[l], sum[l], bad[l], inexact[l]);
     }
@@ -326,19 +345,19 @@ class CdnaUnit final : public MatrixUnit {
   void cut_sum_lanes(const Decoded& d, std::size_t i, std::size_t j0, std::size_t first, std::size_t count,
                      std::size_t start, std::size_t step, std::int32_t* sum, std::int32_t* e,
                      std::uint32_t* lost) const {
-    const std::size_t at_a = i * d.k + first, at_b = first * d.columns + j0;
+    const std::size_t at_a = i * d.k + first, at_b = d.b_at(first, j0);
     for (std::size_t l = 0; l < kLanes; ++l) {
       e[l] = 2 * kZeroExponent;
       sum[l] = 0;
     }
     for (std::size_t t = start; t < count; t += step) {
       const std::int32_t ea = d.a_exponent[at_a + t];
-      const std::int32_t* eb = d.b_exponent.data() + at_b + t * d.columns;
+      const std::int32_t* eb = d.b_exponent.data() + at_b + t * kLanes;
       for (std::size_t l = 0; l < kLanes; ++l) e[l] = std::max(e[l], ea + eb[l]);
     }
     for (std::size_t t = start; t < count; t += step) {
       const std::int32_t ea = d.a_exponent[at_a + t], ma = d.a_magnitude[at_a + t], sa = d.a_sign[at_a + t];
-      const std::size_t row = at_b + t * d.columns;
+      const std::size_t row = at_b + t * kLanes;
       const std::int32_t *eb = d.b_exponent.data() + row, *mb = d.b_magnitude.data() + row,
                          *sb = d.b_sign.data() + row;
       for (std::size_t l = 0; l < kLanes; ++l) {
@@ -352,7 +371,9 @@ class CdnaUnit final : public MatrixUnit {
     }
   }
 
-  // Row i, columns [j0, j0 + kLanes): acc holds c and becomes the result.
+  // Row i, columns [j0, j0 + kLanes): acc holds c and becomes the result. GCC vectorises
+  // step 4's lanes only where it may evaluate a floating-point operation of a branch not
+  // taken (no-trapping-math: this code reads no floating-point exception flags).
   void fused_tile(const Decoded& d, std::size_t i, std::size_t j0, float* acc, std::uint32_t* bad,
                   std::uint32_t* inexact) const {
     const auto group = static_cast<std::size_t>(params_.group_size);
@@ -375,44 +396,62 @@ class CdnaUnit final : public MatrixUnit {
           e[l] = top;
         }
       }
-      for (std::size_t l = 0; l < kLanes; ++l) {
+      const bool split = params_.split_halves;
+      std::int32_t s_units[kLanes], s_scale[kLanes], c_lanes[kLanes], m_lanes[kLanes];
+      std::int32_t acc_bits[kLanes];
+      std::memcpy(acc_bits, acc, sizeof acc_bits);
+      for (std::size_t l = 0; l < kLanes; ++l) {  // int32 lanes (vectorised)
         // Step 4: c = cm * 2^(ec - 23), ec clamped at -126; M = max(E, ec).
-        const float c = acc[l];
-        const auto c_bits = std::bit_cast<std::uint32_t>(c);
-        const auto field = static_cast<std::int32_t>((c_bits >> 23) & 0xff);
-        const std::int32_t cm = static_cast<std::int32_t>(c_bits & 0x7fffff) | (field != 0 ? 1 << 23 : 0);
+        const std::int32_t c_bits = acc_bits[l];
+        const std::int32_t field = (c_bits >> 23) & 0xff;
+        const std::int32_t cm = (c_bits & 0x7fffff) | (field != 0 ? 1 << 23 : 0);
         const std::int32_t ec = field != 0 ? field - 127 : kFp32Emin;
-        const std::int32_t c_sign = static_cast<std::int32_t>(c_bits) >> 31;
+        const std::int32_t c_sign = c_bits >> 31;
         const std::int32_t m = std::max(e[l], ec);
-        // S in units of 2^(M - 31): shifted up by 7 - (M - E), or floored.
+        // S in units of 2^(M - 31): S * 2^(7 - (M - E)) where that is an integer, else
+        // floored.
         const std::int32_t up = 7 - (m - e[l]);
-        const std::int32_t down = std::min(-up, 31);
-        const std::int32_t s_floored = sum[l] >> std::max(down, 0);
-        const std::int64_t s_units = up >= 0 ? static_cast<std::int64_t>(sum[l]) << std::max(up, 0) : s_floored;
-        std::uint32_t group_lost = lost[l] | static_cast<std::uint32_t>(up < 0 && (s_floored << std::max(down, 0)) != sum[l]);
-        // c in units of 2^(M - 24), floored: cm * 2^(1 + ec - M).
+        const std::int32_t down = std::min(std::max(-up, 0), 31);
+        const std::int32_t s_floored = sum[l] >> down;
+        lost[l] |= static_cast<std::uint32_t>((s_floored << down) != sum[l]);
+        s_units[l] = s_floored;
+        s_scale[l] = 1 << std::max(up, 0);
+        m_lanes[l] = m;
+        // c in units of 2^(M - 24), floored: cm * 2^(1 + ec - M); fp8 drops a c below M - 25.
         const std::int32_t c_signed = (cm ^ c_sign) - c_sign;
         const std::int32_t c_down = std::min(m - ec - 1, 31);
-        std::int32_t c_units = c_down < 0 ? c_signed << 1 : c_signed >> std::max(c_down, 0);
-        group_lost |= static_cast<std::uint32_t>(c_down > 0 && (c_units << c_down) != c_signed);
-        if (params_.split_halves && ec < m - (kCBits + 1)) {
-          c_units = 0;
-          group_lost |= static_cast<std::uint32_t>(cm != 0);
-        }
-        // Step 5: exact in double (below 2^40), one rounding into fp32.
-        const std::int64_t total = s_units + (static_cast<std::int64_t>(c_units) << (kSumBits - kCBits));
-        const double exact = static_cast<double>(total) * power_of_two(std::max(m - kSumBits, -1000));
+        const std::int32_t c_floored = c_signed >> std::max(c_down, 0);
+        const std::int32_t kept = -static_cast<std::int32_t>(!split | (ec >= m - (kCBits + 1)));  // 0: dropped
+        const std::int32_t c_cut = static_cast<std::int32_t>(c_down < 0) * c_signed * 2 +
+                                   static_cast<std::int32_t>(c_down >= 0) * c_floored;
+        const std::int32_t c_units = c_cut & kept;
+        lost[l] |= static_cast<std::uint32_t>((c_units << std::max(c_down, 0)) != c_signed) &
+                   static_cast<std::uint32_t>(c_down >= 0);  // dropped: c_down >= 25
+        c_lanes[l] = c_units;
+      }
+      for (std::size_t l = 0; l < kLanes; ++l) {
+        // Step 5: exact in double (integers below 2^40), one rounding into fp32. A group
+        // without a non-zero product (S = 0, E far below, M = ec) gives c exactly, +0 for
+        // -0, as the datapath does.
+        const double total = static_cast<double>(s_units[l]) * static_cast<double>(s_scale[l]) +
+                             static_cast<double>(c_lanes[l]) * (1 << (kSumBits - kCBits));
+        const double exact = total * power_of_two(m_lanes[l] - kSumBits);
         const auto rounded = static_cast<float>(exact);
-        const bool products = e[l] > kNoProduct;
-        group_lost |= static_cast<std::uint32_t>(static_cast<double>(rounded) != exact);
+        // Compared as bit patterns: integer lanes, which GCC vectorises (floating-point
+        // comparisons may trap, and it keeps them in branches).
+        const auto exact_bits = std::bit_cast<std::uint64_t>(exact);
+        const std::uint32_t group_lost =
+            lost[l] | static_cast<std::uint32_t>(std::bit_cast<std::uint64_t>(static_cast<double>(rounded)) != exact_bits);
         // A product of 2^128 or more is an infinity there (a special group): dot() sees to it.
         // Judged on the exact value: one that rounds to zero or up to 2^-126 was tiny.
-        const double magnitude = std::fabs(exact);
-        bad[l] |= static_cast<std::uint32_t>(products) &
-                  (outside_normal(rounded) | static_cast<std::uint32_t>(magnitude <= 0x1p-126 && magnitude != 0) |
-                   static_cast<std::uint32_t>(e[l] >= 126));
-        inexact[l] |= products ? group_lost : 0;
-        acc[l] = products ? rounded : (c == 0 ? 0.0f : c);
+        const auto magnitude = static_cast<std::int64_t>(exact_bits & ~(std::uint64_t{1} << 63));
+        const std::int32_t rounded_magnitude = std::bit_cast<std::int32_t>(rounded) & 0x7fffffff;
+        bad[l] |= static_cast<std::uint32_t>(rounded_magnitude >= std::bit_cast<std::int32_t>(FLT_MAX)) |
+                  (static_cast<std::uint32_t>(magnitude <= std::bit_cast<std::int64_t>(0x1p-126)) &
+                   static_cast<std::uint32_t>(magnitude != 0)) |
+                  static_cast<std::uint32_t>(e[l] >= 126);
+        inexact[l] |= group_lost;
+        acc[l] = rounded;
       }
     }
   }
