@@ -207,20 +207,20 @@ class CdnaUnit final : public MatrixUnit {
   void finish_row(Context& ctx, const Decoded& d, std::size_t i, std::size_t n, std::size_t k, const double* A,
                   std::size_t lda, const double* B, std::size_t ldb, double* row, Flags watched, const float* value,
                   const std::uint32_t* bad, const std::uint32_t* inexact) const {
-      for (std::size_t j = 0; j < n; ++j) {
-        const Flags flags = inexact[j] != 0 ? INEXACT : 0;
-        const bool vouched = bad[j] == 0 && d.row_special[i] == 0 && d.column_special[j] == 0 &&
-                             (params_.path != CdnaPath::pairwise || d.row_min[i] * d.column_min[j] >= 0x1p-126) &&
-                             (flags & watched) == 0;
-        if (!vouched) {
-          const ElementGuard element(ctx, static_cast<std::int64_t>(i * n + j),
-                                     {static_cast<std::int64_t>(i), static_cast<std::int64_t>(j)});
-          row[j] = dot(ctx, k, A + i * lda, 1, B + j, ldb, row[j]);
-          continue;
-        }
-        if (flags != 0) ctx.raise_flags(flags, "mma", {});
-        row[j] = value[j];
+    for (std::size_t j = 0; j < n; ++j) {
+      const Flags flags = inexact[j] != 0 ? INEXACT : 0;
+      const bool vouched = bad[j] == 0 && d.row_special[i] == 0 && d.column_special[j] == 0 &&
+                           (params_.path != CdnaPath::pairwise || d.row_min[i] * d.column_min[j] >= 0x1p-126) &&
+                           (flags & watched) == 0;
+      if (!vouched) {
+        const ElementGuard element(ctx, static_cast<std::int64_t>(i * n + j),
+                                   {static_cast<std::int64_t>(i), static_cast<std::int64_t>(j)});
+        row[j] = dot(ctx, k, A + i * lda, 1, B + j, ldb, row[j]);
+        continue;
       }
+      if (flags != 0) ctx.raise_flags(flags, "mma", {});
+      row[j] = value[j];
+    }
   }
 
   // Whether operand() takes v (it throws otherwise).
