@@ -151,4 +151,12 @@ std::unique_ptr<MatrixUnit> make_cdna_unit(UnitKind unit, std::optional<Format> 
 // The preset with mixed inputs, A in a and B in b (cdna_params); out defaults to fp32.
 std::unique_ptr<MatrixUnit> make_cdna_unit(UnitKind unit, Format a, Format b, std::optional<Format> out);
 
+namespace detail {
+// For tests, which compare them: whether the AMD units' gemm takes its fast passes (true,
+// the default: operands checked and decoded once per call, the pairwise and fused groups
+// in native and integer arithmetic over columns, every element they cannot vouch for
+// through dot()) or computes every element by dot() (false), in the whole process.
+void select_cdna_fast_gemm(bool fast);
+}  // namespace detail
+
 }  // namespace emu

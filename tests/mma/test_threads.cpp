@@ -28,6 +28,7 @@
 #include "emu/amp.hpp"
 #include "emu/block.hpp"
 #include "emu/block_mma.hpp"
+#include "emu/cdna.hpp"
 #include "emu/threads.hpp"
 #include "emu/unit.hpp"
 #include "tests/gemm_problem.hpp"
@@ -368,4 +369,137 @@ TEST_CASE("gemm runs bands of rows at the same time where it has threads, and se
     CHECK(next == m);
   }
   CHECK_THROWS_AS(set_gemm_threads(-1), std::invalid_argument);
+}
+
+// The AMD units' fast gemm passes (emu/cdna.cpp) against their reference, one dot() per
+// element (detail::select_cdna_fast_gemm(false)), at 1, 2 and 3 threads against the
+// reference at 1: every input format or pair each unit takes, random shapes, operands
+// of every kind (moderate values, random encodings with their specials, subnormals and
+// extremes, zeros, exact cancellations within groups, values that flush on mi250x),
+// under every control (counts, traps), and operands a unit refuses (the error).
+namespace {
+
+// A value of f: mostly moderate, else any encoding (specials, subnormals, extremes).
+double value_of(Rng& rng, const Format& f) {
+  switch (pick(rng, 16)) {
+    case 0:
+    case 1: return 0.0;
+    case 2:
+    case 3: {
+      const double v = f.decode(rng.next_u64() & f.all_mask());
+      return std::isnan(v) && pick(rng, 4) != 0 ? 1.0 : v;  // NaN, but not too often
+    }
+    case 4: return sign(rng) * f.min_normal() * static_cast<double>(1 + pick(rng, 3));  // tiny products, results
+    case 5: return sign(rng) * f.min_subnormal() * static_cast<double>(1 + pick(rng, 7));  // flushes on mi250x
+    default: {
+      const int spread = std::min(f.emax(), 8);
+      const int e = static_cast<int>(pick(rng, static_cast<std::size_t>(2 * spread + 1))) - spread;
+      const double significand = 1 + std::ldexp(static_cast<double>(pick(rng, std::size_t{1} << f.fraction_bits())),
+                                                -f.fraction_bits());
+      return sign(rng) * std::ldexp(significand, e);
+    }
+  }
+}
+
+struct CdnaCase {
+  UnitKind unit;
+  Format a, b, out;
+};
+
+// Every input format or pair of each AMD unit.
+std::vector<CdnaCase> cdna_cases() {
+  std::vector<CdnaCase> list;
+  const Format* all[] = {&fp16(), &bf16(), &tf32(), &fp32(), &fp64(), &fp8_e4m3fnuz(), &fp8_e5m2fnuz()};
+  for (UnitKind unit : {UnitKind::mi100, UnitKind::mi250x, UnitKind::mi300x})
+    for (const Format* a : all)
+      for (const Format* b : all) {
+        try {
+          const auto made = make_cdna_unit(unit, *a, *b, std::nullopt);
+          list.push_back({unit, *a, *b, made->output_format()});
+        } catch (const std::invalid_argument&) {
+        }
+      }
+  return list;
+}
+
+// A problem with A's values in a, B's in b (cancelling pairs: A's entry the negation of
+// the one before it, B's row a copy of the one before), C's in out.
+Problem cdna_problem(Rng& rng, const CdnaCase& c, std::size_t m, std::size_t n, std::size_t k) {
+  Problem p = gemm_test::zero_problem(m, n, k);
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t q = 0; q < k; ++q)
+      p.A[i * p.lda() + q] = q > 0 && pick(rng, 6) == 0 ? -p.A[i * p.lda() + q - 1] : value_of(rng, c.a);
+  for (std::size_t q = 0; q < k; ++q) {
+    const bool copy = q > 0 && pick(rng, 4) == 0;
+    for (std::size_t j = 0; j < n; ++j)
+      p.B[q * p.ldb() + j] = copy ? p.B[(q - 1) * p.ldb() + j] : value_of(rng, c.b);
+  }
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < n; ++j) p.C[i * p.ldc() + j] = value_of(rng, c.out);
+  return p;
+}
+
+// Selects the AMD units' gemm passes for as long as it lives, then the fast ones.
+struct CdnaPasses {
+  explicit CdnaPasses(bool fast) { detail::select_cdna_fast_gemm(fast); }
+  ~CdnaPasses() { detail::select_cdna_fast_gemm(true); }
+};
+
+void check_cdna_against_reference(const CdnaCase& c, const Problem& p) {
+  const auto unit = make_cdna_unit(c.unit, c.a, c.b, std::nullopt);
+  const auto gemm = [&](Context& ctx, double* C) {
+    unit->gemm(ctx, p.m, p.n, p.k, p.A.data(), p.lda(), p.B.data(), p.ldb(), C, p.ldc());
+  };
+  const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, 4);
+  tbb::task_arena arena(4);
+  arena.execute([&] {
+    for (const FpControl& control : controls()) {
+      INFO("counted " << int(control.counted) << " traps " << int(control.traps) << " esr " << control.esr);
+      Outcome reference;
+      {
+        const CdnaPasses passes(false);
+        reference = run_at(1, control, p.C, gemm);
+      }
+      for (int threads : {1, 2, 3}) {
+        INFO(threads << " threads");
+        CHECK(difference(reference, run_at(threads, control, p.C, gemm)) == "");
+      }
+    }
+  });
+}
+
+}  // namespace
+
+TEST_CASE("AMD units' fast gemm: the reference's outcome at 1, 2 and 3 threads", "[threads][cdna]") {
+  Rng rng(StreamId{24});
+  for (const CdnaCase& c : cdna_cases()) {
+    const std::vector<Shape> sizes{{1 + pick(rng, 40), 1 + pick(rng, 40), pick(rng, 70)},
+                                   {1 + pick(rng, 40), 1 + pick(rng, 40), pick(rng, 4)},  // many exact elements
+                                   {1 + pick(rng, 20), 17 + pick(rng, 20), 1 + pick(rng, 40)},
+                                   {260 + pick(rng, 40), 5 + pick(rng, 10), 16 + pick(rng, 20)}};  // in bands
+    for (const Shape& s : sizes) {
+      INFO(unit_kind_name(c.unit) << " " << c.a.name() << ":" << c.b.name() << " " << s.m << "x" << s.n << "x" << s.k);
+      check_cdna_against_reference(c, cdna_problem(rng, c, s.m, s.n, s.k));
+    }
+  }
+}
+
+TEST_CASE("AMD units' fast gemm: an operand the unit refuses, the reference's error", "[threads][cdna]") {
+  Rng rng(StreamId{25});
+  for (const CdnaCase& c : cdna_cases()) {
+    if (c.a.name() == "fp64") continue;  // every double is an fp64 value
+    Problem p = cdna_problem(rng, c, 280, 20, 24);
+    for (double& x : p.A) x = std::isfinite(x) ? x : 1.0;
+    for (double& x : p.B) x = std::isfinite(x) ? x : 1.0;
+    const double refused = c.a.name() == "tf32" ? 0.1 : 1 + 0x1p-30;  // tf32 takes every fp32 value
+    p.A[200 * p.lda() + 5] = refused;
+    p.B[3 * p.ldb() + 11] = refused;  // before A's in element order
+    INFO(unit_kind_name(c.unit) << " " << c.a.name() << ":" << c.b.name());
+    check_cdna_against_reference(c, p);
+    const Outcome fast = run_at(1, {}, p.C, [&](Context& ctx, double* C) {
+      make_cdna_unit(c.unit, c.a, c.b, std::nullopt)->gemm(ctx, p.m, p.n, p.k, p.A.data(), p.lda(), p.B.data(),
+                                                           p.ldb(), C, p.ldc());
+    });
+    CHECK(fast.error.find("is not an") != std::string::npos);
+  }
 }
