@@ -650,6 +650,15 @@ void philox_tile_avx512(const StreamId& id, std::uint64_t first_block, std::uint
   const __m512i m0 = _mm512_set1_epi32(static_cast<int>(kPhiloxM0));
   const __m512i m1 = _mm512_set1_epi32(static_cast<int>(kPhiloxM1));
   const __m512i lane_offsets = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  // High and low halves of the lane-wise products m * x. The 32-bit multiply
+  // (vpmulld) would take two multiplier uops per vector, the shuffles none: on Intel
+  // cores the multiplier port bounds this loop.
+  auto multiply = [](__m512i m, __m512i x, __m512i& hi, __m512i& lo) {
+    const __m512i even = _mm512_mul_epu32(x, m);                           // lanes 0, 2, ..
+    const __m512i odd = _mm512_mul_epu32(_mm512_shuffle_epi32(x, _MM_PERM_DDBB), m);  // lanes 1, 3, ..
+    hi = _mm512_mask_shuffle_epi32(odd, 0x5555, even, _MM_PERM_DDBB);  // even lanes: their top half
+    lo = _mm512_mask_shuffle_epi32(even, 0xAAAA, odd, _MM_PERM_CCAA);  // odd lanes: their bottom half
+  };
   __m512i x0[kGroups], x1[kGroups], x2[kGroups], x3[kGroups];
   for (int g = 0; g < kGroups; ++g) {
     x0[g] = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(c[0] + static_cast<std::uint32_t>(16 * g))),
@@ -665,16 +674,11 @@ void philox_tile_avx512(const StreamId& id, std::uint64_t first_block, std::uint
     const __m512i round_key1 = _mm512_set1_epi32(static_cast<int>(k1));
 #pragma GCC unroll 4
     for (int g = 0; g < kGroups; ++g) {
-      // High halves of the products from the even and odd lanes' 64-bit products, low
-      // halves from the 32-bit multiply; then x0 = hi1 ^ x1 ^ k0, x2 = hi0 ^ x3 ^ k1.
-      const __m512i even0 = _mm512_mul_epu32(x0[g], m0);
-      const __m512i odd0 = _mm512_mul_epu32(_mm512_srli_epi64(x0[g], 32), m0);
-      const __m512i hi0 = _mm512_mask_mov_epi32(_mm512_srli_epi64(even0, 32), 0xAAAA, odd0);
-      const __m512i lo0 = _mm512_mullo_epi32(x0[g], m0);
-      const __m512i even1 = _mm512_mul_epu32(x2[g], m1);
-      const __m512i odd1 = _mm512_mul_epu32(_mm512_srli_epi64(x2[g], 32), m1);
-      const __m512i hi1 = _mm512_mask_mov_epi32(_mm512_srli_epi64(even1, 32), 0xAAAA, odd1);
-      const __m512i lo1 = _mm512_mullo_epi32(x2[g], m1);
+      // Both halves of the products from the even and odd lanes' 64-bit products, each
+      // gathered by one masked shuffle; then x0 = hi1 ^ x1 ^ k0, x2 = hi0 ^ x3 ^ k1.
+      __m512i hi0, lo0, hi1, lo1;
+      multiply(m0, x0[g], hi0, lo0);
+      multiply(m1, x2[g], hi1, lo1);
       x0[g] = _mm512_ternarylogic_epi32(hi1, x1[g], round_key0, 0x96);  // 0x96: a ^ b ^ c
       x2[g] = _mm512_ternarylogic_epi32(hi0, x3[g], round_key1, 0x96);
       x1[g] = lo1;
