@@ -478,49 +478,79 @@ template <class Isa, Rounding Mode, Overflow Policy, bool Subnormals, class Vec 
   return true;
 }
 
-// fp16 sr. Subnormals off: like bf16 with 13 discarded bits (a - kRebias is the target's
-// pattern scaled by 2^13; tiny lanes wrap around and are flushed by finish). Subnormals
-// on, one formula for every finite lane, with per-lane shifts (a count of 32 or more
-// gives 0, which the formulas below rely on):
-//  1. c = min(max(exponent - 1, 0), 112): v = a - c 2^23 is the target's pattern scaled
-//     by 2^13 for normal results (c = 112 = 127 - 15), and the significand with its
-//     hidden bit for subnormal ones, with s = 125 - c discarded bits (13 + d, d = 112 - c
-//     binades below 2^-14; float32 subnormals scale as exponent 1).
-//  2. kept = v >> s, rem = v's low s bits; F16 = (rem << 3) >> d (rem < 2^24: no bit
+// fp16 sr. Every finite lane first as a normal result, like bf16 with 13 discarded bits
+// (v = a - kRebias is the target's pattern scaled by 2^13; tiny lanes wrap around, and
+// with subnormals off finish flushes them). Subnormals on, a vector with a tiny lane
+// (|x| < 2^-14) is done one of two ways, by the instruction set:
+// (a) With mask registers (AVX-512), the tiny lanes are redone in units of the least
+//     subnormal 2^-24 by exact float32 arithmetic, merged by masked moves (about 25%
+//     fewer instructions than (b) there):
+//  1. y = |x| 2^40 by adding 40 to a's exponent field: exact for normal x, below 2^26.
+//     (Float32 subnormals get exponent 40 with their fraction, below 2^-86 like the
+//     true product, so their kept and F16 are 0 all the same.)
+//  2. t = trunc(y) (below 2^26: an int32); kept = t >> 16, F16 = t's low 16 bits.
+//  3. Inexact iff y differs from its multiple of 2^16, t with the low 16 bits cleared,
+//     converted back (exact below 2^26): their patterns' difference, non-zero exactly
+//     then, stands for rem; min(rem, a) makes it 0 for x = 0 (whose y is not). Integer
+//     differences, truncation and exact conversions: nothing depends on MXCSR's
+//     rounding mode or its flushing of subnormals.
+// (b) Without them (AVX2: a merge is a blend, and (a) was slower there), one formula for
+//     every finite lane, with per-lane shifts (a count of 32 or more gives 0, which the
+//     formulas below rely on):
+//  1. c = min(max(exponent - 1, 0), 112): scaled = a - c 2^23 is v for normal results
+//     (c = 112 = 127 - 15), and the significand with its hidden bit for subnormal ones,
+//     with s = 125 - c discarded bits (13 + d, d = 112 - c binades below 2^-14; float32
+//     subnormals scale as exponent 1).
+//  2. kept = scaled >> s, rem = its low s bits; F16 = (rem << 3) >> d (rem < 2^24: no bit
 //     lost to the left shift).
-//  3. up iff r < F16 (r with the low bits filled for sr_bits 1..15; both below 2^16, so
-//     the signed comparison is the unsigned one); enc = kept + up (a carry into the
-//     exponent field is the right result: the next binade, or the min normal from the
-//     largest subnormal).
-//  4. min(rem, d) is non-zero iff the lane is tiny (d > 0) and inexact: UFLO.
+//  3. min(rem, d) is non-zero iff the lane is tiny (d > 0) and inexact.
+// Then for every lane: up iff r < F16 (r with the low bits filled for sr_bits 1..15;
+// both below 2^16, so the signed comparison is the unsigned one); enc = kept + up (a
+// carry into the exponent field is the right result: the next binade, or the min normal
+// from the largest subnormal). Tiny lanes' rem raises UFLO.
 // Returns false (having accumulated nothing) when a lane is inf or NaN or, with Ties, a
-// tiny lane has r == F16 (it may need the tie-break; probability 2^-16 per lane).
+// lane of a vector with a tiny lane has r == F16 (a tiny one may need the tie-break;
+// probability 2^-16 per lane).
 template <class Isa, Overflow Policy, bool Subnormals, bool Ties, class Vec = typename Isa::Vec>
 [[gnu::always_inline]] inline bool fp16_sr_vector(const Vec& x, const Vec& r, VectorFlags<Isa>& flags, Vec& result) {
   const Vec a = Isa::bit_and(x, Isa::splat(0x7FFFFFFF));
   auto rare = Isa::greater(a, Isa::splat(0x7F7FFFFF));
-  Vec kept, rem, f16, tiny_rem = Isa::zero();
-  // Subnormal results only where a lane is tiny: a vector without one takes the single
-  // shift (c = 112, d = 0 below), where 16 random bits always decide (no tie-break).
+  // (No lambda for the normal lanes: it would be compiled for the build's instruction
+  // set, not this Isa's, and call the traits' operations.)
+  const Vec v = Isa::sub(a, Isa::splat(Fp16::kRebias));
+  Vec kept = Isa::shift_right(v, Fp16::kDrop);
+  Vec rem = Isa::bit_and(v, Isa::splat((1u << Fp16::kDrop) - 1));
+  Vec f16 = Isa::shift_left(rem, 16 - Fp16::kDrop);
+  Vec tiny_rem = Isa::zero();
   bool subnormal_results = false;
-  if constexpr (Subnormals) subnormal_results = Isa::any(Isa::greater(Isa::splat(Fp16::kMinNormal), a));
-  if (subnormal_results) {
+  auto tiny = rare;
+  if constexpr (Subnormals) {
+    tiny = Isa::greater(Isa::splat(Fp16::kMinNormal), a);
+    subnormal_results = Isa::any(tiny);
+  }
+  if (!subnormal_results) {
+    // the normal lanes' results above
+  } else if constexpr (Isa::kMaskRegisters) {
+    const Vec y = Isa::add(a, Isa::splat(40u << 23));
+    const Vec t = Isa::truncate_float(y);
+    const Vec multiple = Isa::int_to_float(Isa::bit_and(t, Isa::splat(0xFFFF0000u)));
+    kept = Isa::select(tiny, Isa::shift_right(t, 16), kept);
+    f16 = Isa::select(tiny, Isa::bit_and(t, Isa::splat(0xFFFF)), f16);
+    tiny_rem = Isa::keep_where(tiny, Isa::min_unsigned(Isa::sub(y, multiple), a));
+    rem = Isa::select(tiny, tiny_rem, rem);
+  } else {
     const Vec exponent = Isa::shift_right(a, 23);
     const Vec c = Isa::min(Isa::max(Isa::sub(exponent, Isa::splat(1)), Isa::zero()), Isa::splat(112));
-    const Vec v = Isa::sub(a, Isa::shift_left(c, 23));
+    const Vec scaled = Isa::sub(a, Isa::shift_left(c, 23));
     const Vec s = Isa::sub(Isa::splat(125), c);
     const Vec d = Isa::sub(Isa::splat(112), c);
-    kept = Isa::shift_right_each(v, s);
-    rem = Isa::and_not(Isa::shift_left_each(Isa::splat(~0u), s), v);
+    kept = Isa::shift_right_each(scaled, s);
+    rem = Isa::and_not(Isa::shift_left_each(Isa::splat(~0u), s), scaled);
     f16 = Isa::shift_right_each(Isa::shift_left(rem, 3), d);
     tiny_rem = Isa::min_unsigned(rem, d);
-    if constexpr (Ties) rare = Isa::either(rare, Isa::equal(f16, r));
-  } else {
-    const Vec v = Isa::sub(a, Isa::splat(Fp16::kRebias));
-    kept = Isa::shift_right(v, Fp16::kDrop);
-    rem = Isa::bit_and(v, Isa::splat((1u << Fp16::kDrop) - 1));
-    f16 = Isa::shift_left(rem, 16 - Fp16::kDrop);
   }
+  if constexpr (Ties)
+    if (subnormal_results) rare = Isa::either(rare, Isa::equal(f16, r));
   if (Isa::any(rare)) return false;
   const Vec enc = Isa::increment_where(Isa::greater(f16, r), kept);
   finish<Isa, Fp16, Policy, Subnormals>(x, a, enc, rem, tiny_rem, flags, result);
@@ -650,6 +680,15 @@ void philox_tile_avx512(const StreamId& id, std::uint64_t first_block, std::uint
   const __m512i m0 = _mm512_set1_epi32(static_cast<int>(kPhiloxM0));
   const __m512i m1 = _mm512_set1_epi32(static_cast<int>(kPhiloxM1));
   const __m512i lane_offsets = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  // High and low halves of the lane-wise products m * x. The 32-bit multiply
+  // (vpmulld) would take two multiplier uops per vector, the shuffles none: on Intel
+  // cores the multiplier port bounds this loop.
+  auto multiply = [](__m512i m, __m512i x, __m512i& hi, __m512i& lo) {
+    const __m512i even = _mm512_mul_epu32(x, m);                           // lanes 0, 2, ..
+    const __m512i odd = _mm512_mul_epu32(_mm512_shuffle_epi32(x, _MM_PERM_DDBB), m);  // lanes 1, 3, ..
+    hi = _mm512_mask_shuffle_epi32(odd, 0x5555, even, _MM_PERM_DDBB);  // even lanes: their top half
+    lo = _mm512_mask_shuffle_epi32(even, 0xAAAA, odd, _MM_PERM_CCAA);  // odd lanes: their bottom half
+  };
   __m512i x0[kGroups], x1[kGroups], x2[kGroups], x3[kGroups];
   for (int g = 0; g < kGroups; ++g) {
     x0[g] = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(c[0] + static_cast<std::uint32_t>(16 * g))),
@@ -665,16 +704,11 @@ void philox_tile_avx512(const StreamId& id, std::uint64_t first_block, std::uint
     const __m512i round_key1 = _mm512_set1_epi32(static_cast<int>(k1));
 #pragma GCC unroll 4
     for (int g = 0; g < kGroups; ++g) {
-      // High halves of the products from the even and odd lanes' 64-bit products, low
-      // halves from the 32-bit multiply; then x0 = hi1 ^ x1 ^ k0, x2 = hi0 ^ x3 ^ k1.
-      const __m512i even0 = _mm512_mul_epu32(x0[g], m0);
-      const __m512i odd0 = _mm512_mul_epu32(_mm512_srli_epi64(x0[g], 32), m0);
-      const __m512i hi0 = _mm512_mask_mov_epi32(_mm512_srli_epi64(even0, 32), 0xAAAA, odd0);
-      const __m512i lo0 = _mm512_mullo_epi32(x0[g], m0);
-      const __m512i even1 = _mm512_mul_epu32(x2[g], m1);
-      const __m512i odd1 = _mm512_mul_epu32(_mm512_srli_epi64(x2[g], 32), m1);
-      const __m512i hi1 = _mm512_mask_mov_epi32(_mm512_srli_epi64(even1, 32), 0xAAAA, odd1);
-      const __m512i lo1 = _mm512_mullo_epi32(x2[g], m1);
+      // Both halves of the products from the even and odd lanes' 64-bit products, each
+      // gathered by one masked shuffle; then x0 = hi1 ^ x1 ^ k0, x2 = hi0 ^ x3 ^ k1.
+      __m512i hi0, lo0, hi1, lo1;
+      multiply(m0, x0[g], hi0, lo0);
+      multiply(m1, x2[g], hi1, lo1);
       x0[g] = _mm512_ternarylogic_epi32(hi1, x1[g], round_key0, 0x96);  // 0x96: a ^ b ^ c
       x2[g] = _mm512_ternarylogic_epi32(hi0, x3[g], round_key1, 0x96);
       x1[g] = lo1;
@@ -727,11 +761,13 @@ struct Avx512 {
   static Vec sub(Vec a, Vec b) { return _mm512_sub_epi32(a, b); }
   static Vec shift_left(Vec v, unsigned n) { return _mm512_slli_epi32(v, n); }
   static Vec shift_right(Vec v, unsigned n) { return _mm512_srli_epi32(v, n); }
-  static Vec shift_left_each(Vec v, Vec n) { return _mm512_sllv_epi32(v, n); }
-  static Vec shift_right_each(Vec v, Vec n) { return _mm512_srlv_epi32(v, n); }
   static Vec min(Vec a, Vec b) { return _mm512_min_epi32(a, b); }
   static Vec max(Vec a, Vec b) { return _mm512_max_epi32(a, b); }
   static Vec min_unsigned(Vec a, Vec b) { return _mm512_min_epu32(a, b); }
+  static constexpr bool kMaskRegisters = true;  // selects are single masked moves
+  // Float32 lanes (patterns) truncated to int32, and int32 lanes to float32 patterns.
+  static Vec truncate_float(Vec v) { return _mm512_cvttps_epi32(_mm512_castsi512_ps(v)); }
+  static Vec int_to_float(Vec v) { return _mm512_castps_si512(_mm512_cvtepi32_ps(v)); }
 
   static Mask greater(Vec a, Vec b) { return _mm512_cmpgt_epi32_mask(a, b); }  // signed
   static Mask equal(Vec a, Vec b) { return _mm512_cmpeq_epi32_mask(a, b); }
@@ -853,11 +889,12 @@ struct Avx2 {
   static Vec sub(Vec a, Vec b) { return _mm256_sub_epi32(a, b); }
   static Vec shift_left(Vec v, int n) { return _mm256_slli_epi32(v, n); }
   static Vec shift_right(Vec v, int n) { return _mm256_srli_epi32(v, n); }
-  static Vec shift_left_each(Vec v, Vec n) { return _mm256_sllv_epi32(v, n); }
-  static Vec shift_right_each(Vec v, Vec n) { return _mm256_srlv_epi32(v, n); }
   static Vec min(Vec a, Vec b) { return _mm256_min_epi32(a, b); }
   static Vec max(Vec a, Vec b) { return _mm256_max_epi32(a, b); }
   static Vec min_unsigned(Vec a, Vec b) { return _mm256_min_epu32(a, b); }
+  static constexpr bool kMaskRegisters = false;  // selects are blends
+  static Vec shift_left_each(Vec v, Vec n) { return _mm256_sllv_epi32(v, n); }
+  static Vec shift_right_each(Vec v, Vec n) { return _mm256_srlv_epi32(v, n); }
 
   static Mask greater(Vec a, Vec b) { return _mm256_cmpgt_epi32(a, b); }  // signed
   static Mask equal(Vec a, Vec b) { return _mm256_cmpeq_epi32(a, b); }

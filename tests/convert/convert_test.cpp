@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <span>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -521,6 +522,90 @@ TEST_CASE("every implementation gives the same bits and flags", "[convert]") {
         }
         check_same(sample, pieces, portable);
         CHECK(piece_flags == *portable_flags);
+      }
+    }
+#ifdef __AVX2__
+  CHECK(implementations >= 2);
+#endif
+  if (implementations < 3) WARN("no AVX-512F on this CPU: its kernels were not tested");
+}
+
+TEST_CASE("vector kernels equal the portable kernel vector by vector, flags included, on wide-range data",
+          "[convert]") {
+  // The vector kernels against the portable one (the reference), flags compared per
+  // vector of 16 elements rather than per array, where one wrong flag hides behind the
+  // others: |x| = 2^u with u uniform in (-30, 20) (bench_convert's wide-range data:
+  // normal, subnormal, zero and overflowing results in most vectors) and in (-160, 20)
+  // (float32 subnormals, results far below the least subnormal), fraction patterns of
+  // the exponents where results are tiny or overflow, and specials, ties and overflow
+  // boundaries in among them.
+  std::mt19937_64 gen(23);
+  std::vector<float> in;
+  for (const double lowest : {-30.0, -160.0}) {
+    std::uniform_real_distribution<double> exponent(lowest, 20.0);
+    for (int i = 0; i < 40000; ++i) {
+      const auto magnitude = static_cast<float>(std::exp2(exponent(gen)));
+      in.push_back((gen() & 1u) != 0 ? -magnitude : magnitude);
+    }
+  }
+  // Every exponent of the fp16 tiny range and of the top binades (both formats'
+  // overflow), with a tie, a near-tie and a random fraction at every bit position.
+  for (std::uint32_t e = 0; e < 256; ++e) {
+    if ((e > 114 && e < 140) || (e > 143 && e < 252)) continue;
+    for (int k = 0; k < 23; ++k)
+      for (const std::uint32_t fraction : {1u << k, (1u << k) - 1, static_cast<std::uint32_t>(gen())})
+        in.push_back(from_bits(static_cast<std::uint32_t>(gen() & 1u) << 31 | e << 23 | (fraction & 0x7FFFFFu)));
+  }
+  in.resize(in.size() / 16 * 16);
+  // Vectors of values exact in both formats (m 2^e, m < 2^8, e in [-24, 7]: zeros, fp16
+  // subnormals, normals), where one inexact, overflowing, tiny or special lane alone
+  // decides the vector's flags.
+  const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 65504.0f, 65520.0f, 65535.99f, 65536.0f,
+                            0x1p-14f, 0x1.ffcp-15f, 0x1p-24f, 0x1p-25f, 0x1.8p-25f, 0x1p-149f, 0x1p-126f, 0x1.8p-24f,
+                            0x1.0101p-20f, 0x1.0001p-10f};
+  const std::size_t random_end = in.size();
+  for (int v = 0; v < 4000; ++v) {
+    const std::size_t start = in.size();
+    for (int lane = 0; lane < 16; ++lane) {
+      const auto m = static_cast<float>(gen() % 256);
+      const float x = std::ldexp(m, static_cast<int>(gen() % 32) - 24);
+      in.push_back((gen() & 1u) != 0 ? -x : x);
+    }
+    const std::uint64_t odd_ones = v % 4;  // 0 to 3: a random element or a special
+    for (std::uint64_t i = 0; i < odd_ones; ++i)
+      in[start + gen() % 16] = (gen() & 1u) != 0 ? in[gen() % random_end] : specials[gen() % std::size(specials)];
+  }
+  constexpr std::uint64_t kFirst = 512 * 7;  // vector j / 16 is elements [16 j, 16 j + 16) of the tiles
+  const emu::StreamId stream{.seed = 31, .point = 1, .replica = 2, .lane = 3};
+  int implementations = 0;
+  for (const Config& cfg : all_configs())
+    for (const int sr_bits : {-1, 0, 5, 16, 17, 32}) {  // -1: rne
+      const emu::Format format = cfg.format->with_subnormals(cfg.subnormals);
+      const emu::RoundSpec spec{.mode = sr_bits < 0 ? emu::Rounding::rne : emu::Rounding::sr,
+                                .overflow = cfg.overflow,
+                                .sr_bits = std::max(sr_bits, 0)};
+      INFO(format.name() << " overflow " << emu::overflow_name(cfg.overflow) << " subnormals " << cfg.subnormals
+                         << " sr_bits " << sr_bits);
+      const emu::HalfRounding how(format, spec, stream);
+      std::vector<std::uint16_t> expected(in.size());
+      REQUIRE(emu::detail::round_to_bits_with(0, how, in, expected, kFirst));
+      for (int implementation = 1; implementation < 3; ++implementation) {
+        INFO("implementation " << implementation);
+        std::vector<std::uint16_t> got(in.size());
+        if (!emu::detail::round_to_bits_with(implementation, how, in, got, kFirst)) continue;
+        implementations = std::max(implementations, implementation + 1);
+        check_same(in, got, expected);
+        std::size_t flag_mismatches = 0;
+        for (std::size_t start = 0; start < in.size(); start += 16) {
+          const auto vector = std::span(in).subspan(start, 16);
+          std::array<std::uint16_t, 16> reference{}, bits{};
+          const auto reference_flags = emu::detail::round_to_bits_with(0, how, vector, reference, kFirst + start);
+          const auto flags = emu::detail::round_to_bits_with(implementation, how, vector, bits, kFirst + start);
+          if ((flags != reference_flags || bits != reference) && flag_mismatches++ == 0)
+            FAIL_CHECK("the vector at " << start << " differs: flags " << +*flags << ", expected "
+                                        << +*reference_flags);
+        }
+        CHECK(flag_mismatches == 0);
       }
     }
 #ifdef __AVX2__
