@@ -10,8 +10,8 @@
 #include <cstdio>
 #include <string>
 
-#include "config.hpp"
-#include "h5file.hpp"
+#include "experiments/sweep/config.hpp"
+#include "experiments/sweep/h5file.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static const std::string path = "/tmp/roundoff-fuzz-h5-" + std::to_string(getpid()) + ".h5";
