@@ -139,11 +139,17 @@ ExistingOutput inspect_output(const std::string& path) {
     return existing;
   }
   Hid guard(file, H5Fclose);
-  existing.config_sha256 = read_string_attribute(file, "config_sha256");
-  existing.status = read_string_attribute(file, "status");
-  existing.roundoff_version = read_string_attribute(file, "roundoff_version");
-  existing.git_commit = read_string_attribute(file, "git_commit");
-  existing.shard = shard_attributes(file);
+  try {
+    existing.config_sha256 = read_string_attribute(file, "config_sha256");
+    existing.status = read_string_attribute(file, "status");
+    existing.roundoff_version = read_string_attribute(file, "roundoff_version");
+    existing.git_commit = read_string_attribute(file, "git_commit");
+    existing.shard = shard_attributes(file);
+  } catch (const H5Error& e) {
+    existing.kind = ExistingOutput::Kind::damaged;
+    existing.damage = e.what();
+    return existing;
+  }
   const bool ours = !existing.config_sha256.empty() && H5Aexists(file, "roundoff_version") > 0 &&
                     H5Lexists(file, "done", H5P_DEFAULT) > 0;
   existing.kind = ours ? ExistingOutput::Kind::roundoff : ExistingOutput::Kind::not_roundoff;

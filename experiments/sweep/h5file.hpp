@@ -37,7 +37,9 @@ std::string build_git_commit();
 // What is already at an output path. `in_use`: another process holds it open for writing
 // (HDF5's file lock; e.g. a sweep still running): it must be left alone, even with --force.
 struct ExistingOutput {
-  enum class Kind { missing, in_use, not_hdf5, not_roundoff, roundoff } kind = Kind::missing;
+  // damaged: HDF5 opens it but cannot read its root attributes (`damage` says why).
+  enum class Kind { missing, in_use, not_hdf5, damaged, not_roundoff, roundoff } kind = Kind::missing;
+  std::string damage;
   std::string config_sha256;     // for roundoff files
   std::string status;            // "partial" or "complete"
   std::string roundoff_version;  // of the build that created it
