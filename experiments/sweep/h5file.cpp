@@ -3,11 +3,13 @@
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -587,7 +589,7 @@ OutputFile OutputFile::create(const SweepPlan& plan, const std::string& config_s
   return open_for_resume(plan);
 }
 
-void check_readable_output(const std::string& path, const std::string& program) {
+void check_readable_output(const std::string& path, const std::string& program, int cpu_seconds) {
   int pipe_fds[2];
   if (pipe2(pipe_fds, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe2: ") + std::strerror(errno));
   std::fflush(nullptr);  // nothing buffered is written twice
@@ -595,6 +597,9 @@ void check_readable_output(const std::string& path, const std::string& program) 
   if (child < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
   if (child == 0) {
     close(pipe_fds[0]);
+    const rlim_t limit = static_cast<rlim_t>(cpu_seconds);
+    const rlimit cpu{limit, limit + 1};  // SIGXCPU, then SIGKILL
+    setrlimit(RLIMIT_CPU, &cpu);
     std::string problem;
     try {
       read_summary(path);
@@ -619,7 +624,10 @@ void check_readable_output(const std::string& path, const std::string& program) 
   while (waitpid(child, &status, 0) < 0)
     if (errno != EINTR) throw std::runtime_error(std::string("waitpid: ") + std::strerror(errno));
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
-  if (WIFSIGNALED(status)) message = std::string("HDF5 crashed reading it (") + strsignal(WTERMSIG(status)) + ")";
+  if (WIFSIGNALED(status))
+    message = WTERMSIG(status) == SIGXCPU || WTERMSIG(status) == SIGKILL
+                  ? "HDF5 did not finish reading it in " + std::to_string(cpu_seconds) + " s of CPU time"
+                  : std::string("HDF5 crashed reading it (") + strsignal(WTERMSIG(status)) + ")";
   throw InputError(program + ": " + path + " is damaged: " + message + "; left untouched");
 }
 

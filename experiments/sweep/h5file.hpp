@@ -57,9 +57,10 @@ class DamagedFile : public std::runtime_error {
 
 // Reads the summary and /failures of an existing output in a child process, so that no
 // damage can crash this one (HDF5 1.10 is not hardened against damaged files: a damaged
-// heap of strings makes it read out of bounds). InputError naming the file and what is
+// heap of strings makes it read out of bounds, a damaged global heap makes it loop for
+// ever, hence the child's limit of cpu_seconds). InputError naming the file and what is
 // wrong when anything fails; the file is opened read-only and never changed.
-void check_readable_output(const std::string& path, const std::string& program = "sweep");
+void check_readable_output(const std::string& path, const std::string& program = "sweep", int cpu_seconds = 60);
 
 // A run whose own code raised (RunRaised): the exception's line and its traceback.
 struct FailedRun {

@@ -18,8 +18,9 @@ if [ -n "${SEED_CONFIG:-}" ]; then
   seeds+=("$work/seeds")
 fi
 mkdir -p "$work/corpus"
-# UBSan only prints by default: here a report is a finding.
+# UBSan only prints by default: here a report is a finding. HDF5's own leaks are not (lsan.supp).
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}
+export LSAN_OPTIONS=suppressions=$(dirname "$0")/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}
 # -timeout: one input over 10 s is a finding; -rss_limit_mb: so is more than 2 GiB.
 "$target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len="$max_len" \
   -print_final_stats=1 "$work/corpus" "${seeds[@]}" 2> "$work/log" || { tail -60 "$work/log"; exit 1; }
