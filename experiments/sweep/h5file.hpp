@@ -37,7 +37,8 @@ std::string build_git_commit();
 // What is already at an output path. `in_use`: another process holds it open for writing
 // (HDF5's file lock; e.g. a sweep still running): it must be left alone, even with --force.
 struct ExistingOutput {
-  // damaged: HDF5 opens it but cannot read its root attributes (`damage` says why).
+  // damaged: HDF5 fails, crashes or loops reading its root attributes (`damage` says
+  // how; they are read in a child process first, as check_readable_output does).
   enum class Kind { missing, in_use, not_hdf5, damaged, not_roundoff, roundoff } kind = Kind::missing;
   std::string damage;
   std::string config_sha256;     // for roundoff files
@@ -46,7 +47,7 @@ struct ExistingOutput {
   std::string git_commit;
   std::optional<Shard> shard;    // a shard's file
 };
-ExistingOutput inspect_output(const std::string& path);
+ExistingOutput inspect_output(const std::string& path, int cpu_seconds = 60);
 
 // A file that opens as HDF5 but not as the layout it claims (a dataset of the wrong size,
 // attributes out of range): what is wrong with it.

@@ -44,7 +44,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (!file) return 0;
   std::fwrite(data, 1, size, file);
   std::fclose(file);
-  const roundoff::sweep::ExistingOutput existing = roundoff::sweep::inspect_output(path);
+  const roundoff::sweep::ExistingOutput existing = roundoff::sweep::inspect_output(path, /*cpu_seconds=*/1);
   if (existing.kind == roundoff::sweep::ExistingOutput::Kind::roundoff) {
     try {
       roundoff::sweep::check_readable_output(path, "sweep", /*cpu_seconds=*/1);  // HDF5 can loop for ever

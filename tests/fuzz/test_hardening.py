@@ -115,16 +115,21 @@ def test_merge_with_damaged_shards(sweep_dir, tmp_path):
     assert refused >= 6
 
 
-def test_existing_output_with_unreadable_root_attributes(sweep_dir, tmp_path):
-    # fuzz_h5_readers' find: HDF5 opens the file but fails to read config_sha256 (it was
-    # exit 1, "internal error", before sweep said anything, even with --force).
+@pytest.mark.parametrize("name, damage", [
+    # fuzz_h5_readers' finds. HDF5 opens the file, then reading config_sha256 fails (it was
+    # exit 1, "internal error", before sweep said anything, even with --force) or copies
+    # out of bounds (it was SIGSEGV in sweep itself).
+    ("damaged_root_attribute.h5", "is damaged: HDF5: read attribute config_sha256 failed"),
+    ("global_heap_overflow.h5", "is damaged: HDF5 crashed reading it"),
+])
+def test_existing_output_with_unreadable_root_attributes(sweep_dir, tmp_path, name, damage):
     path = tmp_path / "damaged.h5"
-    shutil.copy(CORPUS / "h5_readers" / "damaged_root_attribute.h5", path)
+    shutil.copy(CORPUS / "h5_readers" / name, path)
     before = path.read_bytes()
     for resume in ([], ["--resume"]):
         p = run(SWEEP, str(sweep_dir / "c.yaml"), "-o", str(path), "--quiet", *resume)
         bad_input(p, str(path))
-        assert "is damaged: HDF5: read attribute config_sha256 failed" in p.stderr
+        assert damage in p.stderr
         assert path.read_bytes() == before
     p = run(SWEEP, "merge", str(path), str(sweep_dir / "out.shard-0-of-2.h5"), str(sweep_dir / "out.shard-1-of-2.h5"), "--quiet")
     bad_input(p, str(path))
