@@ -660,6 +660,7 @@ struct Avx2Kernel {
 // ---- AVX-512 (F, DQ, VL), compiled for it here (the build asks only for AVX2) and
 // chosen at run time: eight lanes, comparisons into mask registers. gcc's AVX-512
 // headers trip -W(maybe-)uninitialized under a target pragma: silenced here only.
+#if EMU_AVX512
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx512vl")
 #pragma GCC diagnostic push
@@ -731,13 +732,16 @@ struct Avx512Kernel {
 };
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
+#else
+using Avx512Kernel = Avx2Kernel;  // never chosen: cpu_has_avx512_kernel() is false where EMU_AVX512 is 0 (simd.hpp)
+#endif
 #pragma GCC diagnostic pop  // -Wpsabi
 
 // The kernel detail::select_amp_kernel chose: -1 for the fastest.
 std::atomic<int> selected_kernel{-1};
 
 bool cpu_has_avx512_kernel() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+  static const bool has = EMU_AVX512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
                           __builtin_cpu_supports("avx512vl");
   return has;
 }

@@ -8,6 +8,8 @@
 #include <string>
 #include <type_traits>
 
+#include "simd.hpp"
+
 #if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -654,7 +656,7 @@ template <class Isa, class Out, class T, Rounding Mode, Overflow Policy, bool Su
 
 #ifdef __AVX2__
 bool cpu_has_avx512f() {
-  static const bool has = __builtin_cpu_supports("avx512f");
+  static const bool has = EMU_AVX512 && __builtin_cpu_supports("avx512f");
   return has;
 }
 
@@ -664,6 +666,7 @@ bool cpu_has_avx512f() {
 // without AVX-512. gcc 12's AVX-512 headers trip -W(maybe-)uninitialized (their
 // _mm512_undefined placeholders) when the instruction set comes from a pragma rather
 // than the command line; silenced for this section only.
+#if EMU_AVX512
 #pragma GCC push_options
 #pragma GCC target("avx512f")
 #pragma GCC diagnostic push
@@ -795,6 +798,14 @@ struct Avx512 {
 
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
+#else
+// never chosen: cpu_has_avx512f() is false where EMU_AVX512 is 0 (simd.hpp)
+constexpr auto philox_tile_avx512 = philox_tile_avx2;
+#ifdef EMU_CONVERT_AVX2
+struct Avx2;
+using Avx512 = Avx2;
+#endif
+#endif  // EMU_AVX512
 #endif  // __AVX2__
 
 // The whole array with the portable kernel, tile by tile. Results go to a local tile

@@ -185,6 +185,7 @@ namespace columns_avx2 {
 // AVX2). gcc's AVX-512 headers trip -W(maybe-)uninitialized under a target pragma, and it
 // warns where 64-byte vectors would cross functions compiled without AVX-512 (none do:
 // all of them are in this section): silenced for this section only.
+#if EMU_AVX512
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx512vl,avx512bw")
 #pragma GCC diagnostic push
@@ -198,9 +199,12 @@ namespace columns_avx512 {
 }  // namespace columns_avx512
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
+#else
+namespace columns_avx512 = columns_avx2;  // never chosen: cpu_has_avx512() is false where EMU_AVX512 is 0 (simd.hpp)
+#endif
 
 bool cpu_has_avx512() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+  static const bool has = EMU_AVX512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
   return has;
 }

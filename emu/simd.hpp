@@ -46,3 +46,16 @@ inline bool host_rounds_to_nearest() {
 #else
 #define EMU_SIMD 0
 #endif
+
+// EMU_AVX512 is 1 where emu's AVX-512 sections (emu/amp.cpp, emu/convert.cpp, emu/mma.cpp)
+// are compiled: gcc builds with EMU_SIMD. Those sections get AVX-512 from `#pragma GCC
+// target` around kernels whose bodies are always_inline templates shared with the AVX2
+// kernels; clang ignores that pragma and rejects the sections. A clang build (the fuzz
+// build, tests/fuzz) leaves them out: their cpu_has_* report false and their names stand
+// for the AVX2 kernels, so it runs the AVX2 kernels, bit-identical to the AVX-512 ones
+// (the differential tests of tests/amp, tests/convert and tests/mma).
+#if EMU_SIMD && defined(__GNUC__) && !defined(__clang__)
+#define EMU_AVX512 1
+#else
+#define EMU_AVX512 0
+#endif

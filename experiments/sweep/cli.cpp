@@ -360,6 +360,8 @@ int run(const Arguments& args, WorkerGroup* workers) {
   if (existing.kind != ExistingOutput::Kind::missing && !args.force) {
     if (existing.kind == ExistingOutput::Kind::not_hdf5)
       throw InputError("sweep: " + out + " exists and is not an HDF5 file; left untouched (choose another -o, or --force to overwrite)");
+    if (existing.kind == ExistingOutput::Kind::damaged)
+      throw InputError("sweep: " + out + " is damaged: " + existing.damage + "; left untouched (choose another -o, or --force to overwrite)");
     if (existing.kind == ExistingOutput::Kind::not_roundoff)
       throw InputError("sweep: " + out + " exists and is not a roundoff sweep output; left untouched (choose another -o, or --force to overwrite)");
     if (existing.config_sha256 != sha)

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <limits>
 #include <regex>
+#include <sstream>
 
 namespace roundoff::sweep {
 
@@ -390,6 +392,62 @@ void check_output_directory(const std::string& output, const std::function<void(
   if (fs::is_directory(path, ec)) fail("output '" + output + "' is a directory");
 }
 
+// Where each YAML document of a text starts and its top node: where, and whether it is
+// null (an empty document).
+struct DocumentOutline {
+  YAML::Mark start, node;
+  bool null = false;
+};
+
+class Outliner : public YAML::EventHandler {
+ public:
+  std::vector<DocumentOutline> documents;
+
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    documents.push_back({mark, YAML::Mark::null_mark(), false});
+    depth_ = 0;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { node(mark, true); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { node(mark, false); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t, const std::string&) override {
+    node(mark, false);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+    node(mark, false);
+    ++depth_;
+  }
+  void OnSequenceEnd() override { --depth_; }
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+    node(mark, false);
+    ++depth_;
+  }
+  void OnMapEnd() override { --depth_; }
+
+ private:
+  void node(const YAML::Mark& mark, bool null) {
+    if (depth_ == 0) documents.back().node = mark, documents.back().null = null;
+  }
+  int depth_ = 0;
+};
+
+// The text's first YAML documents, three at most (a config is one). Not YAML::LoadAll: at
+// a ',' where a document would start, yaml-cpp 0.7 consumes nothing and yields an empty
+// document there, again and again, allocating until memory runs out (its issue #1040).
+// A document that starts where the one before started is that loop: a syntax error.
+std::vector<DocumentOutline> outline_documents(const std::string& text) {
+  std::istringstream stream(text);
+  YAML::Parser parser(stream);
+  Outliner outliner;
+  auto& d = outliner.documents;
+  while (d.size() < 3 && parser.HandleNextDocument(outliner)) {
+    const YAML::Mark start = d.back().start;
+    if (d.size() >= 2 && start.pos == d[d.size() - 2].start.pos)
+      throw YAML::ParserException(start, "unexpected '" + text.substr(static_cast<std::size_t>(start.pos), 1) + "'");
+  }
+  return d;
+}
+
 }  // namespace
 
 SweepPlan parse_plan(const std::string& config_text, const std::string& config_path,
@@ -401,9 +459,11 @@ SweepPlan parse_plan(const std::string& config_text, const std::string& config_p
 
   if (const auto problem = check_characters(config_text))
     throw config_error(config_path, problem->line, problem->column, "yaml", problem->message);
-  std::vector<YAML::Node> documents;
+  std::vector<DocumentOutline> documents;
+  YAML::Node root;
   try {
-    documents = YAML::LoadAll(config_text);
+    documents = outline_documents(config_text);
+    root = YAML::Load(config_text);  // the first document
   } catch (const YAML::ParserException& e) {
     throw config_error(config_path, e.mark.line + 1, e.mark.column + 1, "yaml", "syntax error: " + e.msg);
   }
@@ -411,8 +471,8 @@ SweepPlan parse_plan(const std::string& config_text, const std::string& config_p
   if (documents.size() > 1) {
     // At the second document's content; an empty one (a trailing ---) at the last line
     // that starts with a document marker.
-    YAML::Mark mark = documents[1].Mark();
-    if (documents[1].IsNull() || mark.is_null()) {
+    YAML::Mark mark = documents[1].node;
+    if (documents[1].null || mark.is_null()) {
       mark = top;
       int line = 0;
       for (std::size_t start = 0; start < config_text.size(); ++line) {
@@ -423,7 +483,6 @@ SweepPlan parse_plan(const std::string& config_text, const std::string& config_p
     }
     reader.fail(mark, "yaml", "syntax error: a second YAML document (after '---' or '...'); a config is one document");
   }
-  const YAML::Node root = documents.empty() ? YAML::Node() : documents.front();
   NodeChecker(reader, config_text).check(root, top, "config");
   if (!root.IsMap()) reader.fail(top, "config", "expected a mapping with at least 'experiment:' and usually 'grid:'");
 

@@ -3,11 +3,13 @@
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -118,9 +120,53 @@ std::optional<Shard> shard_attributes(hid_t file) {
   return Shard{static_cast<std::uint32_t>(index), static_cast<std::uint32_t>(count)};
 }
 
+// Runs `reader` (of a file) in a child process with cpu_seconds of CPU time: what went
+// wrong, or "". HDF5 1.10 is not hardened against damaged files: a damaged heap of
+// strings makes it read or copy out of bounds, a damaged global heap makes it loop for
+// ever; in the child that ends the child, not this process.
+std::string problem_reading(const std::function<void()>& reader, int cpu_seconds) {
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe2: ") + std::strerror(errno));
+  std::fflush(nullptr);  // nothing buffered is written twice
+  const pid_t child = fork();
+  if (child < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  if (child == 0) {
+    close(pipe_fds[0]);
+    const rlim_t limit = static_cast<rlim_t>(cpu_seconds);
+    const rlimit cpu{limit, limit + 1};  // SIGXCPU, then SIGKILL
+    setrlimit(RLIMIT_CPU, &cpu);
+    std::string problem;
+    try {
+      reader();
+    } catch (const std::exception& e) {
+      problem = e.what();
+      if (problem.empty()) problem = "unreadable";
+    }
+    if (!problem.empty() && write(pipe_fds[1], problem.data(), problem.size()) < 0) problem = "unreadable";
+    _exit(problem.empty() ? 0 : 2);
+  }
+  close(pipe_fds[1]);
+  std::string message;
+  char buffer[4096];
+  for (ssize_t got; (got = read(pipe_fds[0], buffer, sizeof buffer)) != 0;) {
+    if (got > 0) message.append(buffer, static_cast<std::size_t>(got));
+    else if (errno != EINTR) break;
+  }
+  close(pipe_fds[0]);
+  int status = 0;
+  while (waitpid(child, &status, 0) < 0)
+    if (errno != EINTR) throw std::runtime_error(std::string("waitpid: ") + std::strerror(errno));
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
+  if (WIFSIGNALED(status))
+    message = WTERMSIG(status) == SIGXCPU || WTERMSIG(status) == SIGKILL
+                  ? "HDF5 did not finish reading it in " + std::to_string(cpu_seconds) + " s of CPU time"
+                  : std::string("HDF5 crashed reading it (") + strsignal(WTERMSIG(status)) + ")";
+  return message.empty() ? "unreadable" : message;
+}
+
 }  // namespace
 
-ExistingOutput inspect_output(const std::string& path) {
+ExistingOutput inspect_output(const std::string& path, int cpu_seconds) {
   silence_hdf5_errors();
   ExistingOutput existing;
   std::error_code ec;
@@ -133,20 +179,29 @@ ExistingOutput inspect_output(const std::string& path) {
     existing.kind = ExistingOutput::Kind::not_hdf5;
     return existing;
   }
-  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  if (file < 0) {
-    existing.kind = ExistingOutput::Kind::not_hdf5;
+  const auto read_root = [&](ExistingOutput& e) {
+    const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (file < 0) {
+      e.kind = ExistingOutput::Kind::not_hdf5;
+      return;
+    }
+    Hid guard(file, H5Fclose);
+    e.config_sha256 = read_string_attribute(file, "config_sha256");
+    e.status = read_string_attribute(file, "status");
+    e.roundoff_version = read_string_attribute(file, "roundoff_version");
+    e.git_commit = read_string_attribute(file, "git_commit");
+    e.shard = shard_attributes(file);
+    const bool ours = !e.config_sha256.empty() && H5Aexists(file, "roundoff_version") > 0 &&
+                      H5Lexists(file, "done", H5P_DEFAULT) > 0;
+    e.kind = ours ? ExistingOutput::Kind::roundoff : ExistingOutput::Kind::not_roundoff;
+  };
+  // First in a child (problem_reading), then here the same reads, which the child survived.
+  existing.damage = problem_reading([&] { ExistingOutput scratch; read_root(scratch); }, cpu_seconds);
+  if (!existing.damage.empty()) {
+    existing.kind = ExistingOutput::Kind::damaged;
     return existing;
   }
-  Hid guard(file, H5Fclose);
-  existing.config_sha256 = read_string_attribute(file, "config_sha256");
-  existing.status = read_string_attribute(file, "status");
-  existing.roundoff_version = read_string_attribute(file, "roundoff_version");
-  existing.git_commit = read_string_attribute(file, "git_commit");
-  existing.shard = shard_attributes(file);
-  const bool ours = !existing.config_sha256.empty() && H5Aexists(file, "roundoff_version") > 0 &&
-                    H5Lexists(file, "done", H5P_DEFAULT) > 0;
-  existing.kind = ours ? ExistingOutput::Kind::roundoff : ExistingOutput::Kind::not_roundoff;
+  read_root(existing);
   return existing;
 }
 
@@ -581,40 +636,15 @@ OutputFile OutputFile::create(const SweepPlan& plan, const std::string& config_s
   return open_for_resume(plan);
 }
 
-void check_readable_output(const std::string& path, const std::string& program) {
-  int pipe_fds[2];
-  if (pipe2(pipe_fds, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe2: ") + std::strerror(errno));
-  std::fflush(nullptr);  // nothing buffered is written twice
-  const pid_t child = fork();
-  if (child < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
-  if (child == 0) {
-    close(pipe_fds[0]);
-    std::string problem;
-    try {
-      read_summary(path);
-      Hid file = checked(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "open '" + path + "'");
-      read_failures(file.get());
-    } catch (const std::exception& e) {
-      problem = e.what();
-      if (problem.empty()) problem = "unreadable";
-    }
-    if (!problem.empty() && write(pipe_fds[1], problem.data(), problem.size()) < 0) problem = "unreadable";
-    _exit(problem.empty() ? 0 : 2);
-  }
-  close(pipe_fds[1]);
-  std::string message;
-  char buffer[4096];
-  for (ssize_t got; (got = read(pipe_fds[0], buffer, sizeof buffer)) != 0;) {
-    if (got > 0) message.append(buffer, static_cast<std::size_t>(got));
-    else if (errno != EINTR) break;
-  }
-  close(pipe_fds[0]);
-  int status = 0;
-  while (waitpid(child, &status, 0) < 0)
-    if (errno != EINTR) throw std::runtime_error(std::string("waitpid: ") + std::strerror(errno));
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
-  if (WIFSIGNALED(status)) message = std::string("HDF5 crashed reading it (") + strsignal(WTERMSIG(status)) + ")";
-  throw InputError(program + ": " + path + " is damaged: " + message + "; left untouched");
+void check_readable_output(const std::string& path, const std::string& program, int cpu_seconds) {
+  const std::string problem = problem_reading(
+      [&] {
+        read_summary(path);
+        Hid file = checked(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "open '" + path + "'");
+        read_failures(file.get());
+      },
+      cpu_seconds);
+  if (!problem.empty()) throw InputError(program + ": " + path + " is damaged: " + problem + "; left untouched");
 }
 
 OutputFile OutputFile::open_for_resume(const SweepPlan& plan) {

@@ -37,14 +37,17 @@ std::string build_git_commit();
 // What is already at an output path. `in_use`: another process holds it open for writing
 // (HDF5's file lock; e.g. a sweep still running): it must be left alone, even with --force.
 struct ExistingOutput {
-  enum class Kind { missing, in_use, not_hdf5, not_roundoff, roundoff } kind = Kind::missing;
+  // damaged: HDF5 fails, crashes or loops reading its root attributes (`damage` says
+  // how; they are read in a child process first, as check_readable_output does).
+  enum class Kind { missing, in_use, not_hdf5, damaged, not_roundoff, roundoff } kind = Kind::missing;
+  std::string damage;
   std::string config_sha256;     // for roundoff files
   std::string status;            // "partial" or "complete"
   std::string roundoff_version;  // of the build that created it
   std::string git_commit;
   std::optional<Shard> shard;    // a shard's file
 };
-ExistingOutput inspect_output(const std::string& path);
+ExistingOutput inspect_output(const std::string& path, int cpu_seconds = 60);
 
 // A file that opens as HDF5 but not as the layout it claims (a dataset of the wrong size,
 // attributes out of range): what is wrong with it.
@@ -55,9 +58,10 @@ class DamagedFile : public std::runtime_error {
 
 // Reads the summary and /failures of an existing output in a child process, so that no
 // damage can crash this one (HDF5 1.10 is not hardened against damaged files: a damaged
-// heap of strings makes it read out of bounds). InputError naming the file and what is
+// heap of strings makes it read out of bounds, a damaged global heap makes it loop for
+// ever, hence the child's limit of cpu_seconds). InputError naming the file and what is
 // wrong when anything fails; the file is opened read-only and never changed.
-void check_readable_output(const std::string& path, const std::string& program = "sweep");
+void check_readable_output(const std::string& path, const std::string& program = "sweep", int cpu_seconds = 60);
 
 // A run whose own code raised (RunRaised): the exception's line and its traceback.
 struct FailedRun {

@@ -4,6 +4,7 @@ and roundoff.results.open, and a full disk under a running sweep. Each bad input
 give exit 2 with one line naming the file (or a ValueError), never a crash or exit 1,
 and leave the file as it was."""
 import os
+import pathlib
 import random
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 EMU, SWEEP = os.environ["EMU"], os.environ["SWEEP"]
+CORPUS = pathlib.Path(__file__).parent / "corpus"  # the fuzz targets' seeds and findings
 
 CONFIG = """experiment: summation
 description: "hardening"
@@ -111,6 +113,29 @@ def test_merge_with_damaged_shards(sweep_dir, tmp_path):
         assert path.read_bytes() == before, path.name
         out.unlink(missing_ok=True)
     assert refused >= 6
+
+
+@pytest.mark.parametrize("name, damage", [
+    # fuzz_h5_readers' finds. HDF5 opens the file, then reading config_sha256 fails (it was
+    # exit 1, "internal error", before sweep said anything, even with --force) or copies
+    # out of bounds (it was SIGSEGV in sweep itself).
+    ("damaged_root_attribute.h5", "is damaged: HDF5: read attribute config_sha256 failed"),
+    ("global_heap_overflow.h5", "is damaged: HDF5 crashed reading it"),
+])
+def test_existing_output_with_unreadable_root_attributes(sweep_dir, tmp_path, name, damage):
+    path = tmp_path / "damaged.h5"
+    shutil.copy(CORPUS / "h5_readers" / name, path)
+    before = path.read_bytes()
+    for resume in ([], ["--resume"]):
+        p = run(SWEEP, str(sweep_dir / "c.yaml"), "-o", str(path), "--quiet", *resume)
+        bad_input(p, str(path))
+        assert damage in p.stderr
+        assert path.read_bytes() == before
+    p = run(SWEEP, "merge", str(path), str(sweep_dir / "out.shard-0-of-2.h5"), str(sweep_dir / "out.shard-1-of-2.h5"), "--quiet")
+    bad_input(p, str(path))
+    assert path.read_bytes() == before
+    p = run(SWEEP, str(sweep_dir / "c.yaml"), "-o", str(path), "--quiet", "--force")
+    assert p.returncode == 0, p.stderr
 
 
 OPEN = """

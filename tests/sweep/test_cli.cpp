@@ -88,6 +88,9 @@ const BadConfig kBadConfigs[] = {
     {"a second document", kHead + "---\nseed: 1\n", 4, "yaml: syntax error: a second YAML document"},
     {"text after the document end", kHead + "...\ngarbage\n", 4, "a second YAML document"},
     {"an empty second document", kHead + "seed: 1\n---\n", 4, "a second YAML document"},
+    // yaml-cpp 0.7's YAML::LoadAll loops, allocating without end, on these (fuzz_config).
+    {"a comma where the document starts", ",\n" + kHead, 1, "yaml: syntax error: unexpected ','"},
+    {"a comma after the document's marker", "--- ,\n" + kHead, 1, "yaml: syntax error: unexpected ','"},
     {"not UTF-8", kHead + "description: caf\xe9\n", 3, "yaml: not valid UTF-8"},
     {"overlong UTF-8", kHead + "description: \xc0\xaf\n", 3, "not valid UTF-8"},
     {"a NUL byte", kHead + std::string("description: a\0b\n", 17), 3, "U+0000 is not allowed"},

@@ -427,3 +427,17 @@ TEST_CASE("counts: one row per (scope, op, flag) in the order first raised, plac
   CHECK(summary.counted_operations == std::map<std::string, std::uint64_t>{{"OFLO", 0 + 1 + 3 + 4 + 1 + 2}});
   CHECK(summary.counted_runs == std::map<std::string, std::uint64_t>{{"OFLO", 5}});
 }
+
+TEST_CASE("an existing output that makes HDF5 loop for ever is damaged once its CPU time runs out", "[sweep]") {
+  // fuzz_h5_readers' find: a damaged global heap of strings, on which HDF5 1.10's read of
+  // an attribute never ends (sweep --resume hung, even past SIGTERM).
+  const char* root = std::getenv("ROUNDOFF_ROOT");
+  REQUIRE(root != nullptr);
+  TempDir dir;
+  const std::string path = dir / "damaged.h5";
+  std::filesystem::copy_file(std::filesystem::path(root) / "tests/fuzz/corpus/h5_readers/global_heap_loop.h5", path);
+  const std::string before = sweep_test::read_file(path);
+  CHECK_THROWS_WITH(sweep::check_readable_output(path, "sweep", 1),
+                    Catch::Contains(path + " is damaged: HDF5 did not finish reading it in 1 s of CPU time; left untouched"));
+  CHECK(sweep_test::read_file(path) == before);
+}
