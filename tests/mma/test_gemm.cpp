@@ -31,9 +31,12 @@ namespace {
 // lost_bits: exact sums but for at most one small product and one small c, which the
 // alignment cuts (the whole product's INEXACT then hangs on them). large_sums: positive
 // values in [1, 2), so that a block's sum nears its bound (Hopper's blocks of 16 pass
-// 2^30 units of the alignment).
+// 2^30 units of the alignment). sparse: most values zero and c +-0, as after ReLU or
+// in padding: whole blocks of zero products against a zero c (a float-products block
+// with nothing in it gives +0 without the reference adder).
 enum class Scenario {
   normal,
+  sparse,
   wide_exponents,
   moderate_spread,
   lost_bits,
@@ -43,12 +46,14 @@ enum class Scenario {
   overflow,
   special_values
 };
-constexpr Scenario kScenarios[] = {Scenario::normal,       Scenario::wide_exponents, Scenario::moderate_spread,
-                                   Scenario::lost_bits,    Scenario::large_sums,     Scenario::cancellation,
-                                   Scenario::subnormals,   Scenario::overflow,       Scenario::special_values};
+constexpr Scenario kScenarios[] = {Scenario::normal,     Scenario::sparse,         Scenario::wide_exponents,
+                                   Scenario::moderate_spread, Scenario::lost_bits,  Scenario::large_sums,
+                                   Scenario::cancellation, Scenario::subnormals,     Scenario::overflow,
+                                   Scenario::special_values};
 const char* scenario_name(Scenario s) {
   switch (s) {
     case Scenario::normal: return "normal";
+    case Scenario::sparse: return "sparse";
     case Scenario::wide_exponents: return "wide exponents";
     case Scenario::moderate_spread: return "moderate spread";
     case Scenario::lost_bits: return "lost bits";
@@ -72,7 +77,7 @@ double draw(std::mt19937_64& gen, const emu::Format& f, Scenario s, bool special
   std::uniform_real_distribution<double> unit(1.0, 2.0);
   std::uniform_int_distribution<int> coin(0, 1), percent(0, 99);
   const double sign = coin(gen) != 0 && s != Scenario::large_sums ? -1.0 : 1.0;
-  if (percent(gen) < 8) return sign * 0.0;
+  if (percent(gen) < (s == Scenario::sparse ? 75 : 8)) return sign * 0.0;
   if (special && percent(gen) < 3) {
     const int which = percent(gen) % 3;
     if (which == 0) return std::numeric_limits<double>::quiet_NaN();
@@ -84,6 +89,7 @@ double draw(std::mt19937_64& gen, const emu::Format& f, Scenario s, bool special
       exponent = 0;
       break;
     case Scenario::normal:
+    case Scenario::sparse:
     case Scenario::lost_bits:  // (make_problem sets its values)
     case Scenario::cancellation:
     case Scenario::special_values:
@@ -113,6 +119,8 @@ Problem make_problem(std::mt19937_64& gen, std::size_t m, std::size_t n, std::si
   for (double& x : p.A) x = draw(gen, in, s, special);
   for (double& x : p.B) x = draw(gen, in, s, special);
   for (double& x : p.C) x = draw(gen, out, s == Scenario::subnormals ? s : Scenario::wide_exponents, special);
+  if (s == Scenario::sparse)
+    for (double& x : p.C) x = std::copysign(0.0, x);
   if (s == Scenario::lost_bits) {
     // A power of two in A's first column and B's first row; at most one smaller product
     // (in any block: c carries the large one), from 2^-44 of theirs up, so that its
