@@ -11,11 +11,16 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 max_len=4096
 seeds=("$@")
+mkdir -p "$work/seeds"
+seeds+=("$work/seeds")
+# Findings that are HDF5 files are committed gzipped (no HDF5 file in the tree): unpacked
+# into the working seeds.
+for found in $(find "$@" -name '*.gz'); do
+  gzip -dc "$found" > "$work/seeds/$(basename "$found" .gz)"
+done
 if [ -n "${SEED_CONFIG:-}" ]; then
-  mkdir -p "$work/seeds"
   "$SWEEP" "$SEED_CONFIG" -o "$work/seeds/seed.h5" --quiet > /dev/null
   max_len=$(( $(stat -c %s "$work/seeds/seed.h5") * 2 ))
-  seeds+=("$work/seeds")
 fi
 mkdir -p "$work/corpus"
 # UBSan only prints by default: here a report is a finding. HDF5's own leaks are not (lsan.supp).

@@ -3,10 +3,10 @@
 and roundoff.results.open, and a full disk under a running sweep. Each bad input must
 give exit 2 with one line naming the file (or a ValueError), never a crash or exit 1,
 and leave the file as it was."""
+import gzip
 import os
 import pathlib
 import random
-import shutil
 import subprocess
 
 import h5py
@@ -119,12 +119,12 @@ def test_merge_with_damaged_shards(sweep_dir, tmp_path):
     # fuzz_h5_readers' finds. HDF5 opens the file, then reading config_sha256 fails (it was
     # exit 1, "internal error", before sweep said anything, even with --force) or copies
     # out of bounds (it was SIGSEGV in sweep itself).
-    ("damaged_root_attribute.h5", "is damaged: HDF5: read attribute config_sha256 failed"),
-    ("global_heap_overflow.h5", "is damaged: HDF5 crashed reading it"),
+    ("damaged_root_attribute.h5.gz", "is damaged: HDF5: read attribute config_sha256 failed"),
+    ("global_heap_overflow.h5.gz", "is damaged: HDF5 crashed reading it"),
 ])
 def test_existing_output_with_unreadable_root_attributes(sweep_dir, tmp_path, name, damage):
     path = tmp_path / "damaged.h5"
-    shutil.copy(CORPUS / "h5_readers" / name, path)
+    path.write_bytes(gzip.decompress((CORPUS / "h5_readers" / name).read_bytes()))  # committed gzipped
     before = path.read_bytes()
     for resume in ([], ["--resume"]):
         p = run(SWEEP, str(sweep_dir / "c.yaml"), "-o", str(path), "--quiet", *resume)

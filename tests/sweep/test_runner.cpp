@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <thread>
 
@@ -435,7 +436,9 @@ TEST_CASE("an existing output that makes HDF5 loop for ever is damaged once its 
   REQUIRE(root != nullptr);
   TempDir dir;
   const std::string path = dir / "damaged.h5";
-  std::filesystem::copy_file(std::filesystem::path(root) / "tests/fuzz/corpus/h5_readers/global_heap_loop.h5", path);
+  // Committed gzipped (no HDF5 file in the tree).
+  const std::string packed = (std::filesystem::path(root) / "tests/fuzz/corpus/h5_readers/global_heap_loop.h5.gz").string();
+  REQUIRE(std::system(("gzip -dc '" + packed + "' > '" + path + "'").c_str()) == 0);
   const std::string before = sweep_test::read_file(path);
   CHECK_THROWS_WITH(sweep::check_readable_output(path, "sweep", 1),
                     Catch::Contains(path + " is damaged: HDF5 did not finish reading it in 1 s of CPU time; left untouched"));
