@@ -340,6 +340,28 @@ Throughput run_float_conv(floatref::Net& net, const roundoff::data::Dataset& tra
   return rate;
 }
 
+// One row per model: `measure(label)` for the fp32 baseline (update fp32), then for
+// every measured unit with fp32-master updates (spec's rule and unit set for each); a
+// unit that cannot run the spec gets a "not available" row.
+template <class Measure>
+void report_each_unit(roundoff::train::TrainSpec& spec, const Measure& measure) {
+  auto row = [&](const std::string& label) {
+    try {
+      measure(label);
+    } catch (const std::invalid_argument& e) {
+      std::printf("%-16s not available: %s\n", label.c_str(), e.what());
+    }
+    std::fflush(stdout);
+  };
+  spec.rule = roundoff::train::UpdateRule::fp32;
+  row("fp32 baseline");
+  spec.rule = roundoff::train::UpdateRule::fp32_master;
+  for (const char* name : units_to_measure()) {
+    spec.unit = emu::unit_kind_by_name(name);
+    row(name);
+  }
+}
+
 // Wall seconds per training step on `threads` threads (oneTBB for the emulated layers,
 // OpenBLAS for the float32 reference), after one warm-up step: the mean over the steps
 // that fit in kWallBudget seconds, at least kMinWallSteps. Wall time, unlike the tables'
@@ -388,26 +410,13 @@ void bench_conv_model(const std::shared_ptr<const Split>& images, roundoff::trai
   spec.batch = batch;
   spec.lr = kLearningRate;
   roundoff::train::parse_loss_scale("128", spec);
-  auto report = [&](const std::string& label) {
-    try {
-      roundoff::train::Trainer trainer(spec, images, kSeed, 0, emu::StreamId{kSeed, 0, 0, 3});
-      const tbb::global_control one_thread(tbb::global_control::max_allowed_parallelism, 1);
-      const Measured m = measure_trainer(trainer, batch, 2, 60);
-      std::printf("%-16s %6d %11.1f %10.4f %14.4f -> %.4f\n", label.c_str(), m.rate.steps(), m.rate.mean(),
-                  m.rate.mean() / float_rate.mean(), m.first_loss, m.last_loss);
-
-    } catch (const std::invalid_argument& e) {
-      std::printf("%-16s not available: %s\n", label.c_str(), e.what());
-    }
-    std::fflush(stdout);
-  };
-  spec.rule = roundoff::train::UpdateRule::fp32;
-  report("fp32 baseline");
-  spec.rule = roundoff::train::UpdateRule::fp32_master;
-  for (const char* name : units_to_measure()) {
-    spec.unit = emu::unit_kind_by_name(name);
-    report(name);
-  }
+  report_each_unit(spec, [&](const std::string& label) {
+    roundoff::train::Trainer trainer(spec, images, kSeed, 0, emu::StreamId{kSeed, 0, 0, 3});
+    const tbb::global_control one_thread(tbb::global_control::max_allowed_parallelism, 1);
+    const Measured m = measure_trainer(trainer, batch, 2, 60);
+    std::printf("%-16s %6d %11.1f %10.4f %14.4f -> %.4f\n", label.c_str(), m.rate.steps(), m.rate.mean(),
+                m.rate.mean() / float_rate.mean(), m.first_loss, m.last_loss);
+  });
 
   // The same steps at 1 and 2 threads by wall time: a run computes a layer's images,
   // channels and row blocks in parallel (experiments/nn/layers.hpp), the GEMMs in bands.
@@ -430,25 +439,13 @@ void bench_conv_model(const std::shared_ptr<const Split>& images, roundoff::trai
   const double float_wall[2] = {wall_per_step(1, float_step), wall_per_step(2, float_step)};
   std::printf("%-16s %12.1f %12.1f %8.2fx\n", "float32", 1e3 * float_wall[0], 1e3 * float_wall[1],
               float_wall[0] / float_wall[1]);
-  auto report_threads = [&](const std::string& label) {
-    try {
-      roundoff::train::Trainer trainer(spec, images, kSeed, 0, emu::StreamId{kSeed, 0, 0, 3});
-      auto step = [&] { trainer.step(); };
-      const double wall[2] = {wall_per_step(1, step), wall_per_step(2, step)};
-      std::printf("%-16s %12.1f %12.1f %8.2fx %12.4f %12.4f\n", label.c_str(), 1e3 * wall[0], 1e3 * wall[1],
-                  wall[0] / wall[1], float_wall[0] / wall[0], float_wall[1] / wall[1]);
-    } catch (const std::invalid_argument& e) {
-      std::printf("%-16s not available: %s\n", label.c_str(), e.what());
-    }
-    std::fflush(stdout);
-  };
-  spec.rule = roundoff::train::UpdateRule::fp32;
-  report_threads("fp32 baseline");
-  spec.rule = roundoff::train::UpdateRule::fp32_master;
-  for (const char* name : units_to_measure()) {
-    spec.unit = emu::unit_kind_by_name(name);
-    report_threads(name);
-  }
+  report_each_unit(spec, [&](const std::string& label) {
+    roundoff::train::Trainer trainer(spec, images, kSeed, 0, emu::StreamId{kSeed, 0, 0, 3});
+    auto step = [&] { trainer.step(); };
+    const double wall[2] = {wall_per_step(1, step), wall_per_step(2, step)};
+    std::printf("%-16s %12.1f %12.1f %8.2fx %12.4f %12.4f\n", label.c_str(), 1e3 * wall[0], 1e3 * wall[1],
+                wall[0] / wall[1], float_wall[0] / wall[0], float_wall[1] / wall[1]);
+  });
 
   if (kind != ModelKind::convnet || !measured("ipu-amp")) return;
   // One Fashion-MNIST epoch of the convnet on ipu-amp on 2 cores (issue 22's figure).
@@ -499,31 +496,18 @@ int main(int argc, char** argv) {
 
   std::printf("%-16s %6s %11s %11s %10s %10s %24s\n", "unit", "steps", "samples/s", "(best)", "emu/float", "(best)",
               "loss 1st -> last epoch");
-  auto report = [&](const std::string& label, const roundoff::train::TrainSpec& spec) {
-    try {
-      roundoff::train::Trainer trainer(spec, data, kSeed, 0, emu::StreamId{kSeed, 0, 0, 3});
-      const Measured m = measure_trainer(trainer);
-      std::printf("%-16s %6d %11.0f %11.0f %10.4f %10.4f %14.4f -> %.4f\n", label.c_str(), m.rate.steps(),
-                  m.rate.mean(), m.rate.best(), m.rate.mean() / float_rate.mean(), m.rate.best() / float_rate.best(),
-                  m.first_loss, m.last_loss);
-    } catch (const std::invalid_argument& e) {
-      std::printf("%-16s not available: %s\n", label.c_str(), e.what());
-    }
-    std::fflush(stdout);
-  };
-
   roundoff::train::TrainSpec spec;
   spec.hidden = {kHidden};
   spec.batch = kBatch;
   spec.lr = kLearningRate;
   roundoff::train::parse_loss_scale("128", spec);
-  spec.rule = roundoff::train::UpdateRule::fp32;
-  report("fp32 baseline", spec);
-  spec.rule = roundoff::train::UpdateRule::fp32_master;
-  for (const char* name : units_to_measure()) {
-    spec.unit = emu::unit_kind_by_name(name);
-    report(name, spec);
-  }
+  report_each_unit(spec, [&](const std::string& label) {
+    roundoff::train::Trainer trainer(spec, data, kSeed, 0, emu::StreamId{kSeed, 0, 0, 3});
+    const Measured m = measure_trainer(trainer);
+    std::printf("%-16s %6d %11.0f %11.0f %10.4f %10.4f %14.4f -> %.4f\n", label.c_str(), m.rate.steps(),
+                m.rate.mean(), m.rate.best(), m.rate.mean() / float_rate.mean(), m.rate.best() / float_rate.best(),
+                m.first_loss, m.last_loss);
+  });
   std::printf("\nemu/float: emulated samples/s divided by the float32 reference's (same data, same run);\n"
               "(best): the same from each run's fastest %d-step chunk\n", Throughput::kChunkSteps);
 
