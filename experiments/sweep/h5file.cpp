@@ -774,6 +774,7 @@ void OutputFile::flush() {
   guarded([&] {
     if (failures_changed_) write_failures(file_.get(), failures_);
     failures_changed_ = false;
+    write_out_chunks();
     reserve_space();
     check(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL), "H5Fflush");
     hsize_t size = 0;
@@ -809,11 +810,32 @@ void OutputFile::abandon() {
   leave(done_set_), leave(done_replicas_set_), leave(file_);
 }
 
+void OutputFile::write_out_chunks() {
+  // H5Fflush writes the cached chunks first and places each one it writes anew (a
+  // compressed chunk moves when its size changes), then the metadata that points at them.
+  // So space taken during a flush is known only after it, and a full disk half-way leaves
+  // metadata that points past the file's end; HDF5 1.10 cannot even retry such a flush
+  // ("slist already enabled?"). Closing a dataset writes its chunks and no metadata: done
+  // first, every byte the flush writes lies below the file's end that reserve_space sees.
+  const hid_t f = file_.get();
+  const auto write_out = [&](Hid& dataset, const std::string& path) {
+    check(H5Dclose(dataset.release()), "write the chunks of " + path);
+    dataset = open_dataset(f, path);
+  };
+  for (std::size_t t = 0; t < plan_->experiment->traces.size(); ++t) {
+    const std::string& name = plan_->experiment->traces[t].name;
+    write_out(trace_sets_[t], "traces/" + name);
+    write_out(trace_x_sets_[t], "traces/" + name + "_x");
+  }
+  for (auto& [path, dataset] : fp_sets_) write_out(dataset, path);
+}
+
 void OutputFile::reserve_space() {
-  // A flush writes what the file grew by since the last one (HDF5 has assigned it its
-  // addresses already) and some metadata. That range and a margin are allocated ahead
-  // (fallocate, the file's size unchanged), so that a full disk stops the sweep here,
-  // before the flush, rather than half-way through it.
+  // A flush writes metadata that HDF5 has assigned addresses already, all below the
+  // file's end once the chunks are written out (write_out_chunks). That range, from the
+  // last flush's end, and a margin are allocated ahead (fallocate, the file's size
+  // unchanged), so that a full disk stops the sweep here, before the flush, rather than
+  // half-way through it.
   void* handle = nullptr;
   hsize_t size = 0;
   if (H5Fget_vfd_handle(file_.get(), H5P_DEFAULT, &handle) < 0 || !handle || H5Fget_filesize(file_.get(), &size) < 0) return;

@@ -102,6 +102,7 @@ class OutputFile {
   void write_point_unguarded(const PointWork& work, const std::vector<RunResult>& results);
   void guarded(const std::function<void()>& write);
   void abandon();
+  void write_out_chunks();
   void reserve_space();
   hsize_t flushed_size_ = 0;  // the file's size at the last flush
   const SweepPlan* plan_;
