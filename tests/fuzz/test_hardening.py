@@ -3,6 +3,7 @@
 and roundoff.results.open, and a full disk under a running sweep. Each bad input must
 give exit 2 with one line naming the file (or a ValueError), never a crash or exit 1,
 and leave the file as it was."""
+import errno
 import gzip
 import os
 import pathlib
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 EMU, SWEEP = os.environ["EMU"], os.environ["SWEEP"]
+FAILING_DISK = os.environ["FAILING_DISK"]  # LD_PRELOAD shim: writes under a folder fail (failing_disk.c)
 CORPUS = pathlib.Path(__file__).parent / "corpus"  # the fuzz targets' seeds and findings
 
 CONFIG = """experiment: summation
@@ -31,8 +33,8 @@ grid:
 """
 
 
-def run(*args, cwd=None):
-    return subprocess.run(list(args), capture_output=True, text=True, cwd=cwd)
+def run(*args, cwd=None, env=None):
+    return subprocess.run(list(args), capture_output=True, text=True, cwd=cwd, env=env)
 
 
 def bad_input(p, path):
@@ -214,3 +216,40 @@ def test_full_disk_keeps_the_flushed_points(sweep_dir, tmp_path):
         assert partial >= 3, "too few sizes stopped the sweep half-way to test --resume"
     finally:
         run("umount", str(disk))
+
+
+def test_io_error_is_a_clear_error(sweep_dir, tmp_path):
+    # A drive that dies after N bytes (EIO on every later write there): exit 2, one line
+    # naming the file and the errno's text, no crash. Without root, unlike the tmpfs test.
+    # Then, on a working disk, --resume either completes the file with the reference's
+    # numbers or, where the drive died half-way through a flush (HDF5 keeps no journal, so
+    # nothing can make that flush whole: results/README.md), refuses it as damaged.
+    disk = tmp_path / "dying"
+    disk.mkdir()
+    out = str(disk / "out.h5")
+    preload = ":".join(filter(None, [os.environ.get("LD_PRELOAD"), FAILING_DISK]))  # a sanitizer's runtime stays first
+    outcomes = []
+    for budget in (1000, 100_000, 150_000, 200_000, 250_000, 300_000, 350_000, 400_000):  # the file ends near 440 KB
+        env = dict(os.environ, LD_PRELOAD=preload, ROUNDOFF_FAIL_DIR=str(disk), ROUNDOFF_FAIL_AFTER=str(budget),
+                   ROUNDOFF_FAIL_ERRNO=str(errno.EIO))
+        p = run(SWEEP, str(sweep_dir / "c.yaml"), "-o", out, "--quiet", "-j", "1", "--force", env=env)
+        bad_input(p, out)
+        assert os.strerror(errno.EIO) in p.stderr, p.stderr
+        if budget == 1000:  # the skeleton is not written whole: nothing is, not even a temporary file
+            assert "nothing was written" in p.stderr and not os.listdir(disk)
+            continue
+        assert "--resume" in p.stderr, p.stderr
+        p = run(SWEEP, str(sweep_dir / "c.yaml"), "-o", out, "--quiet", "--resume")
+        if p.returncode == 2:
+            bad_input(p, out)
+            assert " is damaged: " in p.stderr and "left untouched" in p.stderr, p.stderr
+            outcomes.append((budget, "refused as damaged"))
+            continue
+        assert p.returncode == 0, (budget, p.stderr)
+        with h5py.File(out, "r") as f, h5py.File(sweep_dir / "out.h5", "r") as reference:
+            assert f.attrs["status"] == "complete"
+            for name in ("metrics/abs_error", "traces/sum", "done"):
+                np.testing.assert_array_equal(f[name][...], reference[name][...])
+        outcomes.append((budget, "resumed"))
+    print("EIO after N bytes, then --resume:", outcomes)
+    assert any(outcome == "resumed" for _, outcome in outcomes)
