@@ -711,6 +711,10 @@ template <class Isa, bool kHalfPartials, bool kTrackInexact, std::size_t kRows, 
     proof[r] = tile_proof<Isa>(running[r]);
   }
   for (std::size_t phase = 0; p < end; ++p, ++phase, panel += kPanelRows * kTile) {
+    bool zeros = true;  // step 6, where it holds for every row (padded input channels)
+    for (std::size_t r = 0; r < kRows; ++r)
+      zeros = zeros && rows[r][phase].max_abs == 0 && zero_phase_keeps<Isa, kHalfPartials>(running[r]);
+    if (zeros) continue;
     bool proven = true;
     for (std::size_t r = 0; r < kRows; ++r) proven &= proof[r].template next<kHalfPartials>(rows[r][phase], tile_bounds[p]);
     if (!proven) break;
