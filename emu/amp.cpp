@@ -328,6 +328,26 @@ class AmpRun {
 //     that is finite, non-zero and a value of the partials format, R + (+-0) = R exactly
 //     and its roundings leave it, so the kernel skips the phase. (A zero R could change
 //     sign; a NaN would come back as the model's canonical NaN: those lanes compute.)
+//  7. Most phases need none of step 2's checks lane by lane: bounds on the whole tile
+//     (one row, its 32 columns) prove them, tracked in scalars from phase to phase
+//     (TileProof). The running values are multiples of a quantum Q: at the start of a
+//     kernel call the fp32 ulp of the least non-zero |c| (every lane holds an fp32 value;
+//     Q = 0, proving nothing, where that is subnormal); after a phase min(Q, 2^(LA+LB)),
+//     as a multiple of 2^L stays one when rounded to fp32 or fp16 (a value whose ulp
+//     is below 2^L has at most 24 significant bits above 2^L: it is exact). And every
+//     |c| is at most Cmax: at the start the largest |c| (infinite where one is NaN or
+//     infinite), after a phase M (1 + 2^-20), or (1 + 2^-9) with fp16 partials, with
+//     M = (Cmax + P) (1 + 2^-40) >= |c| + sum |a_q b_q| (P with the tile's largest
+//     sum |b|). With q = min(Q, 2^(LA+LB)) >= 2^-126 and M <= q 2^52, every partial sum
+//     is a multiple of q below 2^(53) q, so the double sum is exact, a non-zero one is
+//     not tiny in fp32, and M <= 2^126 rules out overflow: the lanes skip the checks of
+//     step 2 (those of step 3 on fp16 values stay). Where the bounds do not hold, the
+//     phase checks lane by lane as before; the tracking goes on either way, as every
+//     value the kernel keeps is the rounding of an exact sum. Rows go first through
+//     proven_rows_body, two at a time on AVX-512 (sharing the panel's loads, with twice
+//     the independent chains of latency), as far as every phase of the chunk is proven,
+//     then through kernel_body one by one. detail::select_amp_proof turns this off (the
+//     reference that tests/amp/test_amp_fast.cpp compares with).
 // B is packed once per gemm (PackedColumns: its panels and bounds), and the bands of
 // rows that MatrixUnit::gemm's threads take, and amp_conv2d's images, read it.
 // Builds without AVX2, FMA and F16C take the exact path.
@@ -486,6 +506,7 @@ struct KernelPhases {
   const double* panel;           // the tile's panel of phase p
   double* failed_next;
   double* failed_fine;
+  bool prove;  // step 7 (else every phase checks lane by lane)
 };
 
 // Whether a phase whose four a values are zeros leaves every lane as it is (step 6).
@@ -511,11 +532,16 @@ struct PhaseChecks {
   typename Isa::Vec max_abs, half_bound;  // (a) column by column where products_fit is false
 };
 
+// Which of step 2's checks a phase makes lane by lane (a branch per phase, not per
+// vector): none where the tile's bounds prove them (step 7), those on c where
+// checks.products_fit, else those on the products too.
+enum class LaneChecks { none, partial, partial_and_products };
+
 // The phase on one vector of lanes (running values c, the panel's columns at col):
 // returns the next running values in `result` and `keep` narrowed to the lanes whose
-// checks pass. kProductsFit: checks.products_fit (a branch per phase, not per vector). Where every lane of every vector passes, the masks that each vector
+// checks pass. Where every lane of every vector passes, the masks that each vector
 // starts from are all-ones, so INEXACT is seen where `keep` admits it.
-template <class Isa, bool kHalfPartials, bool kTrackInexact, bool kProductsFit, class Vec = typename Isa::Vec>
+template <class Isa, bool kHalfPartials, bool kTrackInexact, LaneChecks kChecks, class Vec = typename Isa::Vec>
 [[gnu::always_inline]] inline typename Isa::Mask phase_vector(const PhaseChecks<Isa>& checks, const double* col,
                                                               const Vec& c, typename Isa::Mask keep, Vec& result,
                                                               typename Isa::Mask& inexact) {
@@ -524,8 +550,8 @@ template <class Isa, bool kHalfPartials, bool kTrackInexact, bool kProductsFit, 
   products = Isa::fmadd(checks.a2, Isa::load(col + 2 * kTile), products);
   products = Isa::fmadd(checks.a3, Isa::load(col + 3 * kTile), products);
   const Vec sum = Isa::add(c, products);
-  keep = Isa::exact_sum_where(keep, c, checks.c_bounds);
-  if constexpr (!kProductsFit) {
+  if constexpr (kChecks != LaneChecks::none) keep = Isa::exact_sum_where(keep, c, checks.c_bounds);
+  if constexpr (kChecks == LaneChecks::partial_and_products) {
     const Vec products_bound = Isa::mul(checks.max_abs, Isa::load(col + kPhase * kTile));
     keep = Isa::at_most_where(keep, products_bound, Isa::mul(checks.half_bound, Isa::load(col + (kPhase + 1) * kTile)));
   }
@@ -538,6 +564,86 @@ template <class Isa, bool kHalfPartials, bool kTrackInexact, bool kProductsFit, 
     if constexpr (kTrackInexact) inexact = Isa::either(inexact, Isa::both(keep, Isa::differ(result, sum)));
   }
   return keep;
+}
+
+// Step 7's bounds on one row's running values over a tile, from phase to phase.
+struct TileProof {
+  double quantum = 0;  // Q: every running value is a multiple of it (0: unknown)
+  double c_max = kInf;  // Cmax: no running value is larger in magnitude (inf: unknown)
+
+  // Whether the tile's bounds prove the phase (row phase r, tile bounds t) exact for
+  // every lane, so that no lane needs step 2's checks; and the bounds after the phase,
+  // whichever way its lanes are checked.
+  template <bool kHalfPartials>
+  bool next(const RowPhase& r, const TilePhase& t) {
+    quantum = std::min(quantum, r.bound * t.min_bound * 0x1p-52);  // 2^(LA+LB)
+    const double magnitudes = (c_max + r.max_abs * t.max_sum) * (1 + 0x1p-40);
+    c_max = magnitudes * (kHalfPartials ? 1 + 0x1p-9 : 1 + 0x1p-20);
+    return quantum >= 0x1p-126 && magnitudes <= quantum * 0x1p52 && magnitudes <= 0x1p126;
+  }
+};
+
+// Step 7's bounds on the running values as a kernel call finds them.
+template <class Isa, class Vec = typename Isa::Vec>
+[[gnu::always_inline]] inline TileProof tile_proof(const Vec* running) {
+  constexpr std::size_t kVectors = kTile / Isa::kLanes;
+  Vec largest = Isa::zero(), least = Isa::set1(kInf);
+  auto finite = Isa::all_set();
+  for (std::size_t v = 0; v < kVectors; ++v) {
+    const Vec m = Isa::magnitude(running[v]);
+    finite = Isa::both(finite, Isa::at_most(m, Isa::set1(0x1p126)));  // NaN fails
+    largest = Isa::max(largest, m);
+    least = Isa::min(least, Isa::nonzero_or_inf(m));
+  }
+  // The fp32 ulp of the least non-zero |c|, 2^(exponent - 23): inf where every lane is
+  // zero, 0 where it is below fp32's normal range.
+  const double smallest = Isa::min_lane(least);
+  const double power = std::bit_cast<double>(std::bit_cast<std::uint64_t>(smallest) & 0x7FF0000000000000);
+  return {smallest >= 0x1p-126 ? power * 0x1p-23 : 0.0, Isa::all(finite) ? Isa::max_lane(largest) : kInf};
+}
+
+// The phase on every vector with the lane checks kChecks. Without kEach: one mask
+// through them all (a lane that fails anywhere fails the phase). With kEach (after a
+// failure): each vector's own checks and INEXACT, for the lanes that passed them, stored
+// with the vector's results for the repair.
+template <class Isa, bool kHalfPartials, bool kTrackInexact, LaneChecks kChecks, bool kEach,
+          class Vec = typename Isa::Vec>
+[[gnu::always_inline]] inline typename Isa::Mask phase_vectors(const PhaseChecks<Isa>& checks, const double* panel,
+                                                               const Vec* running, Vec* next,
+                                                               typename Isa::Mask& inexact,
+                                                               const KernelPhases& phases) {
+  constexpr std::size_t kLanes = Isa::kLanes, kVectors = kTile / kLanes;
+  auto all_fine = Isa::all_set();
+  for (std::size_t v = 0; v < kVectors; ++v) {
+    const auto fine = phase_vector<Isa, kHalfPartials, kTrackInexact, kChecks>(
+        checks, panel + v * kLanes, running[v], kEach ? Isa::all_set() : all_fine, next[v], inexact);
+    if constexpr (kEach) {
+      Isa::store(phases.failed_next + v * kLanes, next[v]);
+      Isa::store_mask(phases.failed_fine + v * kLanes, fine);
+    } else {
+      all_fine = fine;
+    }
+  }
+  return all_fine;
+}
+
+// phase_vectors with the lane checks chosen at run time.
+template <class Isa, bool kHalfPartials, bool kTrackInexact, bool kEach, class Vec = typename Isa::Vec>
+[[gnu::always_inline]] inline typename Isa::Mask checked_phase(LaneChecks lane_checks, const PhaseChecks<Isa>& checks,
+                                                               const double* panel, const Vec* running, Vec* next,
+                                                               typename Isa::Mask& inexact,
+                                                               const KernelPhases& phases) {
+  switch (lane_checks) {
+    case LaneChecks::none:
+      return phase_vectors<Isa, kHalfPartials, kTrackInexact, LaneChecks::none, kEach>(checks, panel, running, next,
+                                                                                      inexact, phases);
+    case LaneChecks::partial:
+      return phase_vectors<Isa, kHalfPartials, kTrackInexact, LaneChecks::partial, kEach>(checks, panel, running,
+                                                                                         next, inexact, phases);
+    default:
+      return phase_vectors<Isa, kHalfPartials, kTrackInexact, LaneChecks::partial_and_products, kEach>(
+          checks, panel, running, next, inexact, phases);
+  }
 }
 
 // Phases [p, end) (within one chunk) of one row over one tile, without calls so that
@@ -555,6 +661,8 @@ template <class Isa, bool kHalfPartials, bool kTrackInexact, class Vec = typenam
   Mask inexact = Isa::none();
   Vec running[kVectors];
   for (std::size_t v = 0; v < kVectors; ++v) running[v] = Isa::load(lanes + v * kLanes);
+  TileProof proof;
+  if (phases.prove) proof = tile_proof<Isa>(running);
   for (; p < end; ++p, ++row, panel += kPanelRows * kTile) {
     const RowPhase& r = *row;
     if (r.max_abs == 0 && zero_phase_keeps<Isa, kHalfPartials>(running)) continue;  // step 6 above
@@ -565,35 +673,85 @@ template <class Isa, bool kHalfPartials, bool kTrackInexact, class Vec = typenam
         r.max_abs * t.max_sum_ratio <= 0.5 * r.bound,
         Isa::bounds(0.5 * r.bound * t.min_bound, std::fma(r.max_abs * t.max_sum, 0x1.0000000001p-27, 0x1p-100)),
         Isa::set1(r.max_abs), Isa::set1(0.5 * r.bound)};
-    // One mask through every vector: a lane that fails anywhere fails the phase.
+    const bool proven = proof.next<kHalfPartials>(r, t);  // never without phases.prove: quantum 0
+    const LaneChecks lane_checks = proven                ? LaneChecks::none
+                                   : checks.products_fit ? LaneChecks::partial
+                                                         : LaneChecks::partial_and_products;
     Vec next[kVectors];
-    Mask all_fine = Isa::all_set();
-    if (checks.products_fit) {
-      for (std::size_t v = 0; v < kVectors; ++v)
-        all_fine = phase_vector<Isa, kHalfPartials, kTrackInexact, true>(checks, panel + v * kLanes, running[v],
-                                                                         all_fine, next[v], inexact);
-    } else {
-      for (std::size_t v = 0; v < kVectors; ++v)
-        all_fine = phase_vector<Isa, kHalfPartials, kTrackInexact, false>(checks, panel + v * kLanes, running[v],
-                                                                          all_fine, next[v], inexact);
-    }
-    if (!Isa::all(all_fine)) {
-      // Each vector's own checks and INEXACT, for the lanes that passed them.
-      for (std::size_t v = 0; v < kVectors; ++v) {
-        const Mask fine =
-            checks.products_fit
-                ? phase_vector<Isa, kHalfPartials, kTrackInexact, true>(checks, panel + v * kLanes, running[v],
-                                                                        Isa::all_set(), next[v], inexact)
-                : phase_vector<Isa, kHalfPartials, kTrackInexact, false>(checks, panel + v * kLanes, running[v],
-                                                                         Isa::all_set(), next[v], inexact);
-        Isa::store(phases.failed_next + v * kLanes, next[v]);
-        Isa::store_mask(phases.failed_fine + v * kLanes, fine);
-      }
+    if (!Isa::all(checked_phase<Isa, kHalfPartials, kTrackInexact, false>(lane_checks, checks, panel, running, next,
+                                                                          inexact, phases))) {
+      checked_phase<Isa, kHalfPartials, kTrackInexact, true>(lane_checks, checks, panel, running, next, inexact,
+                                                             phases);
       break;
     }
     for (std::size_t v = 0; v < kVectors; ++v) running[v] = next[v];
   }
   for (std::size_t v = 0; v < kVectors; ++v) Isa::store(lanes + v * kLanes, running[v]);
+  if (kTrackInexact && Isa::any(inexact)) any_inexact = true;
+  return p;
+}
+
+// Phases [p, end) (within one chunk) of kRows consecutive rows over one tile, as long
+// as step 7 proves every phase for every row (and, with fp16 partials, every fp32
+// value is zero or normal in fp16): the lanes need no checks, the rows share the
+// panel's loads, and their vectors' independent chains of latency fill the pipeline.
+// Returns `end`, or the first phase it did not take (lanes as before it), from which
+// kernel_body goes on row by row. Sets `inexact` where a result was rounded.
+template <class Isa, bool kHalfPartials, bool kTrackInexact, std::size_t kRows, class Vec = typename Isa::Vec>
+[[gnu::always_inline]] inline std::size_t proven_rows_body(const RowPhase* const* rows, const TilePhase* tile_bounds,
+                                                           const double* panel, std::size_t p, std::size_t end,
+                                                           double* const* lanes, bool& any_inexact) {
+  using Mask = typename Isa::Mask;
+  constexpr std::size_t kLanes = Isa::kLanes, kVectors = kTile / kLanes;
+  Mask inexact = Isa::none();
+  Vec running[kRows][kVectors];
+  TileProof proof[kRows];
+  for (std::size_t r = 0; r < kRows; ++r) {
+    for (std::size_t v = 0; v < kVectors; ++v) running[r][v] = Isa::load(lanes[r] + v * kLanes);
+    proof[r] = tile_proof<Isa>(running[r]);
+  }
+  for (std::size_t phase = 0; p < end; ++p, ++phase, panel += kPanelRows * kTile) {
+    bool zeros = true;  // step 6, where it holds for every row (padded input channels)
+    for (std::size_t r = 0; r < kRows; ++r)
+      zeros = zeros && rows[r][phase].max_abs == 0 && zero_phase_keeps<Isa, kHalfPartials>(running[r]);
+    if (zeros) continue;
+    bool proven = true;
+    for (std::size_t r = 0; r < kRows; ++r) proven &= proof[r].template next<kHalfPartials>(rows[r][phase], tile_bounds[p]);
+    if (!proven) break;
+    // With fp16 partials a phase can fail its checks after some vectors: the values
+    // before it are kept (in memory, not in registers) to go back to.
+    alignas(64) double before[kHalfPartials ? kRows : 0][kTile];
+    Mask fine = Isa::all_set(), rounded = Isa::none();
+    for (std::size_t v = 0; v < kVectors; ++v) {
+      Vec b[kPhase];
+      for (std::size_t q = 0; q < kPhase; ++q) b[q] = Isa::load(panel + q * kTile + v * kLanes);
+      for (std::size_t r = 0; r < kRows; ++r) {
+        const RowPhase& row = rows[r][phase];
+        // c first: every partial sum is exact, in any order (step 7)
+        Vec sum = running[r][v];
+        for (std::size_t q = 0; q < kPhase; ++q) sum = Isa::fmadd(Isa::set1(row.a[q]), b[q], sum);
+        const typename Isa::Single single = Isa::to_single(sum);
+        if constexpr (kHalfPartials) {
+          Isa::store(before[r] + v * kLanes, running[r][v]);
+          fine = Isa::normal_or_zero_fp16_where(fine, single);
+          running[r][v] = Isa::widen(Isa::to_fp16(single));
+        } else {
+          running[r][v] = Isa::widen(single);
+        }
+        if constexpr (kTrackInexact) rounded = Isa::either(rounded, Isa::differ(running[r][v], sum));
+      }
+    }
+    if constexpr (kHalfPartials) {
+      if (!Isa::all(fine)) {
+        for (std::size_t r = 0; r < kRows; ++r)
+          for (std::size_t v = 0; v < kVectors; ++v) running[r][v] = Isa::load(before[r] + v * kLanes);
+        break;
+      }
+    }
+    inexact = Isa::either(inexact, rounded);
+  }
+  for (std::size_t r = 0; r < kRows; ++r)
+    for (std::size_t v = 0; v < kVectors; ++v) Isa::store(lanes[r] + v * kLanes, running[r][v]);
   if (kTrackInexact && Isa::any(inexact)) any_inexact = true;
   return p;
 }
@@ -605,6 +763,7 @@ struct Avx2Kernel {
   using Mask = __m256d;
   using Single = __m128;
   static constexpr std::size_t kLanes = 4;
+  static constexpr std::size_t kRows = 1;  // rows of proven_rows_body: two would not fit the 16 registers
 
   static Vec load(const double* p) { return _mm256_loadu_pd(p); }
   static void store(double* p, Vec v) { _mm256_storeu_pd(p, v); }
@@ -615,6 +774,11 @@ struct Avx2Kernel {
   static Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_pd(a, b, c); }
   static Vec add(Vec a, Vec b) { return _mm256_add_pd(a, b); }
   static Vec magnitude(Vec x) { return simd::magnitude(x); }
+  static Vec max(Vec a, Vec b) { return _mm256_max_pd(a, b); }
+  static Vec min(Vec a, Vec b) { return _mm256_min_pd(a, b); }
+  static double max_lane(Vec x) { return fast::max_lane(x); }
+  static double min_lane(Vec x) { return fast::min_lane(x); }
+  static Vec nonzero_or_inf(Vec x) { return _mm256_blendv_pd(x, set1(kInf), equal(x, zero())); }
 
   static Mask at_least(Vec a, Vec b) { return _mm256_cmp_pd(a, b, _CMP_GE_OQ); }
   static Mask at_most(Vec a, Vec b) { return _mm256_cmp_pd(a, b, _CMP_LE_OQ); }
@@ -655,6 +819,12 @@ struct Avx2Kernel {
   static std::size_t run(const KernelPhases& phases, std::size_t p, std::size_t end, double* lanes, bool& inexact) {
     return kernel_body<Avx2Kernel, kHalfPartials, kTrackInexact>(phases, p, end, lanes, inexact);
   }
+  template <bool kHalfPartials, bool kTrackInexact>
+  static std::size_t run_rows(const RowPhase* const* rows, const TilePhase* tile_bounds, const double* panel,
+                              std::size_t p, std::size_t end, double* const* lanes, bool& inexact) {
+    return proven_rows_body<Avx2Kernel, kHalfPartials, kTrackInexact, kRows>(rows, tile_bounds, panel, p, end, lanes,
+                                                                              inexact);
+  }
 };
 
 // ---- AVX-512 (F, DQ, VL), compiled for it here (the build asks only for AVX2) and
@@ -671,6 +841,7 @@ struct Avx512Kernel {
   using Mask = __mmask8;
   using Single = __m256;
   static constexpr std::size_t kLanes = 8;
+  static constexpr std::size_t kRows = 2;  // rows of proven_rows_body
 
   static Vec load(const double* p) { return _mm512_loadu_pd(p); }
   static void store(double* p, Vec v) { _mm512_storeu_pd(p, v); }
@@ -681,6 +852,11 @@ struct Avx512Kernel {
   static Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_pd(a, b, c); }
   static Vec add(Vec a, Vec b) { return _mm512_add_pd(a, b); }
   static Vec magnitude(Vec x) { return _mm512_abs_pd(x); }
+  static Vec max(Vec a, Vec b) { return _mm512_max_pd(a, b); }
+  static Vec min(Vec a, Vec b) { return _mm512_min_pd(a, b); }
+  static double max_lane(Vec x) { return _mm512_reduce_max_pd(x); }
+  static double min_lane(Vec x) { return _mm512_reduce_min_pd(x); }
+  static Vec nonzero_or_inf(Vec x) { return _mm512_mask_blend_pd(equal(x, zero()), x, set1(kInf)); }
 
   static Mask at_least(Vec a, Vec b) { return _mm512_cmp_pd_mask(a, b, _CMP_GE_OQ); }
   static Mask at_most(Vec a, Vec b) { return _mm512_cmp_pd_mask(a, b, _CMP_LE_OQ); }
@@ -729,6 +905,12 @@ struct Avx512Kernel {
   static std::size_t run(const KernelPhases& phases, std::size_t p, std::size_t end, double* lanes, bool& inexact) {
     return kernel_body<Avx512Kernel, kHalfPartials, kTrackInexact>(phases, p, end, lanes, inexact);
   }
+  template <bool kHalfPartials, bool kTrackInexact>
+  static std::size_t run_rows(const RowPhase* const* rows, const TilePhase* tile_bounds, const double* panel,
+                              std::size_t p, std::size_t end, double* const* lanes, bool& inexact) {
+    return proven_rows_body<Avx512Kernel, kHalfPartials, kTrackInexact, kRows>(rows, tile_bounds, panel, p, end,
+                                                                                lanes, inexact);
+  }
 };
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
@@ -747,6 +929,10 @@ bool cpu_has_avx512_kernel() {
 }
 
 bool use_avx512_kernel() { return selected_kernel.load(std::memory_order_relaxed) != 0 && cpu_has_avx512_kernel(); }
+
+// Whether the kernel proves phases for whole tiles (step 7): detail::select_amp_proof.
+std::atomic<bool> proof_selected{true};
+bool use_proof() { return proof_selected.load(std::memory_order_relaxed); }
 
 // B packed for the kernel (once per gemm, however many bands of rows read it).
 class PackedColumns {
@@ -843,9 +1029,16 @@ class Gemm {
         channels[i] = Channels{};
         std::copy(C + i * ldc + first_column, C + i * ldc + first_column + width, channels[i].running);
       }
-      for (std::size_t start = 0; start < phases_; start += chunk_)
-        for (std::size_t i = 0; i < m_; ++i)
-          advance(tile, i, start, std::min(phases_, start + chunk_), channels[i].running, A, lda, B, ldb);
+      for (std::size_t start = 0; start < phases_; start += chunk_) {
+        // Rows in groups through proven_rows as far as it goes, then row by row.
+        const std::size_t end = std::min(phases_, start + chunk_), rows = proven_rows();
+        std::size_t i = 0;
+        for (; rows != 0 && i + rows <= m_; i += rows) {
+          const std::size_t from = proven_phases(tile, i, start, end, channels);
+          for (std::size_t r = i; r < i + rows; ++r) advance(tile, r, from, end, channels[r].running, A, lda, B, ldb);
+        }
+        for (; i < m_; ++i) advance(tile, i, start, end, channels[i].running, A, lda, B, ldb);
+      }
       for (std::size_t i = 0; i < m_; ++i)
         std::copy(channels[i].running, channels[i].running + width, C + i * ldc + first_column);
     }
@@ -941,10 +1134,46 @@ class Gemm {
   template <bool kHalfPartials, bool kTrackInexact>
   std::size_t kernel(std::size_t tile, std::size_t i, std::size_t p, std::size_t end, double* lanes) {
     const KernelPhases phases{&row_phase(i, p), columns_.tile_bounds(tile), columns_.panel(tile, p), failed_next_,
-                              failed_fine_};
+                              failed_fine_, use_proof()};
     bool inexact = false;
     p = use_avx512_kernel() ? Avx512Kernel::run<kHalfPartials, kTrackInexact>(phases, p, end, lanes, inexact)
                             : Avx2Kernel::run<kHalfPartials, kTrackInexact>(phases, p, end, lanes, inexact);
+    if (inexact) inexact_ = true;
+    return p;
+  }
+
+  // Rows that proven_phases takes at once; 0 where step 7 is off.
+  static std::size_t proven_rows() {
+    if (!use_proof()) return 0;
+    return use_avx512_kernel() ? Avx512Kernel::kRows : Avx2Kernel::kRows;
+  }
+
+  // Phases [p, end) (within one chunk) of rows i .. i + proven_rows() over one tile
+  // through proven_rows_body, as far as step 7 proves them. Returns the first phase not
+  // taken.
+  std::size_t proven_phases(std::size_t tile, std::size_t i, std::size_t p, std::size_t end,
+                            std::vector<Channels>& channels) {
+    const bool half = is_fp16(cfg_.partials);
+    return half ? (inexact_ ? proven_phases<true, false>(tile, i, p, end, channels)
+                            : proven_phases<true, true>(tile, i, p, end, channels))
+                : (inexact_ ? proven_phases<false, false>(tile, i, p, end, channels)
+                            : proven_phases<false, true>(tile, i, p, end, channels));
+  }
+  template <bool kHalfPartials, bool kTrackInexact>
+  std::size_t proven_phases(std::size_t tile, std::size_t i, std::size_t p, std::size_t end,
+                            std::vector<Channels>& channels) {
+    const RowPhase* rows[Avx512Kernel::kRows];
+    double* lanes[Avx512Kernel::kRows];
+    for (std::size_t r = 0; r < proven_rows(); ++r) {
+      rows[r] = &row_phase(i + r, p);
+      lanes[r] = channels[i + r].running;
+    }
+    const TilePhase* bounds = columns_.tile_bounds(tile);
+    const double* panel = columns_.panel(tile, p);
+    bool inexact = false;
+    p = use_avx512_kernel()
+            ? Avx512Kernel::run_rows<kHalfPartials, kTrackInexact>(rows, bounds, panel, p, end, lanes, inexact)
+            : Avx2Kernel::run_rows<kHalfPartials, kTrackInexact>(rows, bounds, panel, p, end, lanes, inexact);
     if (inexact) inexact_ = true;
     return p;
   }
@@ -1040,6 +1269,10 @@ bool gemm_packed(Context& ctx, const AmpConfig& cfg, std::size_t m, const Packed
   if (m == 0 || !applies(ctx, cfg)) return false;
   return Gemm(ctx, cfg, m, columns, std::move(names)).run(A, lda, B, ldb, C, ldc);
 }
+bool select_proof(bool whole_tiles) {
+  proof_selected.store(whole_tiles, std::memory_order_relaxed);
+  return true;
+}
 bool select_kernel(int implementation) {
   if (implementation != 0 && implementation != 1) return false;
   if (implementation == 1 && !cpu_has_avx512_kernel()) return false;
@@ -1054,6 +1287,7 @@ PackedColumns& columns_buffer(ColumnsSlot) {
   return none;
 }
 bool select_kernel(int) { return false; }
+bool select_proof(bool) { return false; }
 bool applies(const Context&, const AmpConfig&) { return false; }
 bool pack_columns(const Context&, const AmpConfig&, std::size_t, std::size_t, const double*, std::size_t,
                   PackedColumns&) {
@@ -1185,6 +1419,7 @@ bool amp_gemm_is_vectorised(const Context& ctx, const AmpConfig& cfg) { return f
 
 namespace detail {
 bool select_amp_kernel(int implementation) { return fast::select_kernel(implementation); }
+bool select_amp_proof(bool whole_tiles) { return fast::select_proof(whole_tiles); }
 }  // namespace detail
 
 std::size_t Conv2dShape::out_height() const {

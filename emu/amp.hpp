@@ -135,6 +135,11 @@ namespace detail {
 // eight lanes: the default where the CPU has it). false, changing nothing, where this
 // build or CPU lacks it.
 bool select_amp_kernel(int implementation);
+// Whether the vectorised path proves a phase exact for a whole tile of output channels
+// from bounds tracked across phases (true, the default) or always lane by lane (false:
+// the reference), for the gemm calls that follow, in the whole process. false,
+// changing nothing, where this build has no vectorised path.
+bool select_amp_proof(bool whole_tiles);
 }  // namespace detail
 
 // ---- 2-D convolution through the AMP (Poplar's convolution with partialsType) -------

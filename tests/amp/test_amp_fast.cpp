@@ -5,6 +5,10 @@
 // overflow, fp16 and fp32 subnormals, signed zeros, NaN and infinity.
 #include <catch2/catch.hpp>
 
+#include <tbb/global_control.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
 #include <bit>
 #include <cfenv>
 #include <cmath>
@@ -19,6 +23,7 @@
 
 #include "../fp_counts.hpp"
 #include "emu/amp.hpp"
+#include "emu/threads.hpp"
 #include "emu/unit.hpp"
 #include "tests/gemm_problem.hpp"
 
@@ -55,9 +60,11 @@ enum class Inputs {
   extremes,     // C near the fp32 or fp16 limits, subnormal, NaN or infinite
   special_ab,   // a NaN or an infinity in A or B
   zero_phases,  // whole phases of zeros in A (padded channels), C of every kind: the skipped phases
+  proof_bounds,  // fp32 ties decided by a term at about double's 53 bits: the bounds of whole-tile proofs
 };
 const char* inputs_name(Inputs i) {
-  const char* names[] = {"normal", "wide", "sparse", "cancelling", "ties", "extremes", "special_ab", "zero_phases"};
+  const char* names[] = {"normal",   "wide",       "sparse",      "cancelling",  "ties",
+                         "extremes", "special_ab", "zero_phases", "proof_bounds"};
   return names[static_cast<int>(i)];
 }
 
@@ -131,6 +138,34 @@ Problem make_problem(Rng& rng, std::size_t m, std::size_t n, std::size_t k, Inpu
         }
       }
   }
+  if (kind == Inputs::proof_bounds && k >= 4) {
+    // The first phase of element (i, j): c = 2^(x_i + y_j + 24), a_0 b_0 = 2^(x_i + y_j),
+    // half an fp32 ulp of c (a tie), a_1 b_1 far below (fp16 values down to 2^-24),
+    // deciding it, a_2 and a_3 zero: the phase spans about 24 + x + y - log2 |a_1 b_1|
+    // bits, on both sides of double's 53, and the tile-wide bounds (emu/amp.cpp, step 7)
+    // must send the phases beyond 53 bits to the lane checks. With fp16 partials c stays
+    // an fp16 value (0 where it would not be).
+    const int low = half_partials ? -17 : -10;
+    std::vector<int> x(m), y(n);
+    for (std::size_t i = 0; i < m; ++i) {
+      x[i] = low + static_cast<int>(pick(rng, 15));
+      double* a = p.A.data() + i * p.lda();
+      a[0] = std::ldexp(1.0, x[i]);
+      a[1] = half_in(rng, -24, 0);
+      a[2] = a[3] = 0.0;
+    }
+    for (std::size_t j = 0; j < n; ++j) {
+      y[j] = low + static_cast<int>(pick(rng, 15));
+      p.B[j] = std::ldexp(1.0, y[j]);
+      p.B[p.ldb() + j] = half_in(rng, -24, 0);
+      p.B[2 * p.ldb() + j] = p.B[3 * p.ldb() + j] = 0.0;
+    }
+    for (std::size_t i = 0; i < m; ++i)
+      for (std::size_t j = 0; j < n; ++j) {
+        const double c = std::ldexp(1.0, x[i] + y[j] + 24);
+        p.C[i * p.ldc() + j] = half_partials && c > 65504.0 ? 0.0 : c;
+      }
+  }
   if (kind == Inputs::special_ab) {
     const double special[] = {std::numeric_limits<double>::quiet_NaN(), kInf, -kInf};
     if (pick(rng, 2) == 0)
@@ -183,8 +218,9 @@ void compare(const MatrixUnit& unit, const FpControl& control, const Problem& p,
   REQUIRE(fast_ctx.status() == exact_ctx.status());
 }
 
-constexpr Inputs kAllInputs[] = {Inputs::normal, Inputs::wide,     Inputs::sparse,     Inputs::cancelling,
-                                 Inputs::ties,   Inputs::extremes, Inputs::special_ab, Inputs::zero_phases};
+constexpr Inputs kAllInputs[] = {Inputs::normal,     Inputs::wide,        Inputs::sparse,
+                                 Inputs::cancelling, Inputs::ties,        Inputs::extremes,
+                                 Inputs::special_ab, Inputs::zero_phases, Inputs::proof_bounds};
 
 // Many small products (flags per gemm are then nearly per element) and a few larger
 // ones with several tiles and passes; n and k not multiples of the tile and the phase.
@@ -297,6 +333,40 @@ TEST_CASE("AMP gemm: a tie decided by a term beyond double's 53 bits", "[amp][fa
       CHECK(C[0] == (tiny_sign > 0 ? 0x1p30 + 0x1p7 : 0x1p30));
       CHECK(ctx.status() == INEXACT);
     }
+  }
+}
+
+TEST_CASE("AMP gemm: a tie decided by c's lowest bits beyond double's 53 bits", "[amp][fast]") {
+  // m = 1 + 3 2^-24 is an fp32 tie (between 1 + 2^-23 and the even 1 + 2^-22). The
+  // products add up to m - 2^-32 (1, 3 2^-12 2^-12, -2^-16 2^-16) and c = 2^-32 - 2^-55,
+  // an fp32 value whose lowest bit lies 55 bits below the sum: exactly, the sum is
+  // m - 2^-55, rounded down to 1 + 2^-23; rounded to double first, it would be the tie
+  // m, rounded to 1 + 2^-22. A whole-tile proof must take c's lowest bit into account
+  // (emu/amp.cpp, step 7: the fp32 ulp of the least |c|), not only the products'.
+  const auto unit = make_unit(UnitKind::ipu_amp);
+  for (const bool proof : {true, false}) {
+    struct Restore {
+      ~Restore() { detail::select_amp_proof(true); }
+    } restore;
+    detail::select_amp_proof(proof);
+    Problem p = gemm_test::zero_problem(2, 3, 4);
+    for (std::size_t i = 0; i < p.m; ++i) {
+      const double a[] = {1.0, 3 * 0x1p-12, 0x1p-16, 0.0};
+      std::copy(std::begin(a), std::end(a), p.A.begin() + static_cast<std::ptrdiff_t>(i * p.lda()));
+      for (std::size_t j = 0; j < p.n; ++j) p.C[i * p.ldc() + j] = 0x1p-32 - 0x1p-55;
+    }
+    for (std::size_t j = 0; j < p.n; ++j) {
+      p.B[0 * p.ldb() + j] = 1.0;
+      p.B[1 * p.ldb() + j] = 0x1p-12;
+      p.B[2 * p.ldb() + j] = -0x1p-16;
+    }
+    compare(*unit, FpControl{}, p, proof ? "c's lowest bits, whole-tile proofs" : "c's lowest bits, lane checks");
+    std::vector<double> C = p.C;
+    Context ctx;
+    unit->gemm(ctx, p.m, p.n, p.k, p.A.data(), p.lda(), p.B.data(), p.ldb(), C.data(), p.ldc());
+    CHECK(C[0] == 1 + 0x1p-23);
+    CHECK(C[p.ldc() + 2] == 1 + 0x1p-23);
+    CHECK(ctx.status() == INEXACT);
   }
 }
 
@@ -456,4 +526,86 @@ TEST_CASE("AMP gemm: the AVX-512 kernel equals the AVX2 one (values, flags, coun
     }
   }
   CHECK(problems == 4 * 3 * std::size(kAllInputs) * 6);
+}
+
+TEST_CASE("AMP gemm: whole-tile proofs equal the lane checks they replace, at 1, 2 and 3 threads", "[amp][fast]") {
+  // The vectorised path proves most phases exact for a whole tile from bounds it tracks
+  // (emu/amp.cpp, step 7: detail::select_amp_proof(true), the default, with rows in
+  // pairs on AVX-512) and otherwise checks lane by lane (select_amp_proof(false): the
+  // reference). Values, status, counts and trap reports must not differ between the two,
+  // nor between 1, 2 and 3 GEMM threads (bands of at least 128 rows: m up to 400), for
+  // every configuration, every control (those that leave the vectorised path too), every
+  // kind of input. The first test case checks the default against the exact path.
+  struct Restore {
+    ~Restore() {
+      detail::select_amp_proof(true);
+      set_gemm_threads(0);
+    }
+  } restore;
+  if (!detail::select_amp_proof(true)) {
+    WARN("a build without the vectorised path: nothing to compare");
+    return;
+  }
+  const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, 4);
+  tbb::task_arena arena(4);  // 2 and 3 threads at once even on fewer cores
+  AmpConfig two_phase_passes = amp_config(PartialsType::float32);
+  two_phase_passes.phases_per_pass = 2;
+  FpControl count, saturate, nanoo, esr, traps, toward_zero;
+  count.counted = OFLO | DIV0 | INV;
+  saturate.overflow = Overflow::saturate;
+  nanoo.overflow = Overflow::nan;
+  esr.esr = true;
+  traps.traps = OFLO | INV;
+  toward_zero.rounding = Rounding::rz;
+  struct Outcome {
+    std::vector<double> C;
+    Flags status = 0;
+    std::vector<OpCount> counts;
+    std::optional<TrapReport> trap;
+  };
+  auto run = [&](bool proof, int threads, const MatrixUnit& unit, const FpControl& control, const Problem& p) {
+    REQUIRE(detail::select_amp_proof(proof));
+    set_gemm_threads(threads);
+    Context ctx(control);
+    Outcome o{p.C, 0, {}, std::nullopt};
+    try {
+      arena.execute([&] { unit.gemm(ctx, p.m, p.n, p.k, p.A.data(), p.lda(), p.B.data(), p.ldb(), o.C.data(), p.ldc()); });
+    } catch (const FpException& e) {
+      o.trap = e.report();
+    }
+    o.status = ctx.status();
+    o.counts = ctx.counts();
+    return o;
+  };
+  Rng rng(StreamId{8192});
+  for (const AmpConfig& cfg : {amp_config(PartialsType::float32), amp_config(PartialsType::half),
+                               amp_config(PartialsType::float32, fp16(), fp16()), two_phase_passes}) {
+    const auto unit = make_amp_unit(cfg);
+    for (const FpControl& control : {FpControl{}, count, saturate, nanoo, esr, traps, toward_zero})
+      for (Inputs kind : kAllInputs) {
+        const std::size_t m = pick(rng, 2) == 0 ? 1 + pick(rng, 9) : 129 + pick(rng, 272);
+        const Problem p = make_problem(rng, m, 1 + pick(rng, 70), 1 + pick(rng, 100), kind, half_partials(cfg));
+        const Outcome reference = run(false, 1, *unit, control, p);
+        for (int threads : {1, 2, 3}) {
+          const Outcome proved = run(true, threads, *unit, control, p);
+          INFO(inputs_name(kind) << ", partials " << cfg.partials.name() << ", output " << cfg.output.name()
+                                 << ", phases per pass " << cfg.phases_per_pass << ", counted "
+                                 << int{control.counted} << ", traps " << int{control.traps} << ", overflow "
+                                 << overflow_name(control.overflow) << ", esr " << control.esr << ", rounding "
+                                 << int(control.rounding) << ", " << p.m << "x" << p.n << "x" << p.k << ", "
+                                 << threads << " threads");
+          std::size_t mismatches = 0, first = 0;
+          for (std::size_t e = 0; e < p.C.size(); ++e)
+            if (bits(proved.C[e]) != bits(reference.C[e]) && mismatches++ == 0) first = e;
+          if (mismatches != 0)
+            FAIL_CHECK(mismatches << " of " << p.C.size() << " elements differ, the first at index " << first
+                                  << ": proved " << std::hexfloat << proved.C[first] << ", checked lane by lane "
+                                  << reference.C[first] << ", C " << p.C[first]);
+          CHECK(int{proved.status} == int{reference.status});
+          fp_counts::check_same_counts(proved.counts, reference.counts);
+          REQUIRE(proved.trap.has_value() == reference.trap.has_value());
+          if (proved.trap) fp_counts::check_same_report(*proved.trap, *reference.trap);
+        }
+      }
+  }
 }
