@@ -16,7 +16,16 @@ import pytest
 
 EMU, SWEEP = os.environ["EMU"], os.environ["SWEEP"]
 FAILING_DISK = os.environ["FAILING_DISK"]  # LD_PRELOAD shim: writes under a folder fail (failing_disk.c)
-CORPUS = pathlib.Path(__file__).parent / "corpus"  # the fuzz targets' seeds and findings
+HERE = pathlib.Path(__file__).parent
+CORPUS = HERE / "corpus"  # the fuzz targets' seeds and findings
+# The sanitizer run's options (.ci/run) for the runs on damaged files: HDF5's own faults
+# on them (it is not instrumented, and not hardened: overlapping or out-of-bounds copies,
+# SIGSEGV) are what sweep's child process, and the crash accepted from h5py below, are
+# for. So ASan lets them happen as in the default build, without a report on stderr before
+# sweep's one line: no SIGSEGV handler (a SIGSEGV in sweep itself is still exit 139), no
+# report from a copy made inside HDF5 (asan.supp). The default build ignores them.
+DAMAGED_FILE_ENV = dict(os.environ, ASAN_OPTIONS=":".join(
+    [os.environ.get("ASAN_OPTIONS", ""), "handle_segv=0", "suppressions=%s" % (HERE / "asan.supp")]).lstrip(":"))
 
 CONFIG = """experiment: summation
 description: "hardening"
@@ -91,7 +100,7 @@ def test_resume_on_damaged_files(sweep_dir, tmp_path):
     refused = 0
     for path in list(damaged_copies(sweep_dir / "out.h5", tmp_path, 24)) + [foreign_hdf5(tmp_path)]:
         before = path.read_bytes()
-        p = run(SWEEP, str(sweep_dir / "c.yaml"), "-o", str(path), "--resume", "--quiet")
+        p = run(SWEEP, str(sweep_dir / "c.yaml"), "-o", str(path), "--resume", "--quiet", env=DAMAGED_FILE_ENV)
         assert p.returncode in (0, 2), (path.name, p.returncode, p.stderr)
         if p.returncode == 2:
             bad_input(p, str(path))
@@ -107,7 +116,7 @@ def test_merge_with_damaged_shards(sweep_dir, tmp_path):
     for path in damaged_copies(shard1, tmp_path, 12):
         before = path.read_bytes()
         out = tmp_path / "merged.h5"
-        p = run(SWEEP, "merge", str(out), str(shard0), str(path), "--quiet")
+        p = run(SWEEP, "merge", str(out), str(shard0), str(path), "--quiet", env=DAMAGED_FILE_ENV)
         assert p.returncode in (0, 2), (path.name, p.returncode, p.stderr)
         if p.returncode == 2:
             bad_input(p, str(path))
@@ -129,14 +138,15 @@ def test_existing_output_with_unreadable_root_attributes(sweep_dir, tmp_path, na
     path.write_bytes(gzip.decompress((CORPUS / "h5_readers" / name).read_bytes()))  # committed gzipped
     before = path.read_bytes()
     for resume in ([], ["--resume"]):
-        p = run(SWEEP, str(sweep_dir / "c.yaml"), "-o", str(path), "--quiet", *resume)
+        p = run(SWEEP, str(sweep_dir / "c.yaml"), "-o", str(path), "--quiet", *resume, env=DAMAGED_FILE_ENV)
         bad_input(p, str(path))
         assert damage in p.stderr
         assert path.read_bytes() == before
-    p = run(SWEEP, "merge", str(path), str(sweep_dir / "out.shard-0-of-2.h5"), str(sweep_dir / "out.shard-1-of-2.h5"), "--quiet")
+    p = run(SWEEP, "merge", str(path), str(sweep_dir / "out.shard-0-of-2.h5"), str(sweep_dir / "out.shard-1-of-2.h5"),
+            "--quiet", env=DAMAGED_FILE_ENV)
     bad_input(p, str(path))
     assert path.read_bytes() == before
-    p = run(SWEEP, str(sweep_dir / "c.yaml"), "-o", str(path), "--quiet", "--force")
+    p = run(SWEEP, str(sweep_dir / "c.yaml"), "-o", str(path), "--quiet", "--force", env=DAMAGED_FILE_ENV)
     assert p.returncode == 0, p.stderr
 
 
@@ -156,7 +166,7 @@ def test_results_open_on_damaged_files(sweep_dir, tmp_path):
     crashed = []
     for path in list(damaged_copies(sweep_dir / "out.h5", tmp_path, 24)) + [foreign_hdf5(tmp_path)]:
         before = path.read_bytes()
-        p = run("/usr/bin/python3", "-c", OPEN, str(path))
+        p = run("/usr/bin/python3", "-c", OPEN, str(path), env=DAMAGED_FILE_ENV)
         if p.returncode < 0:
             crashed.append(path.name)
         else:
