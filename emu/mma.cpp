@@ -172,6 +172,9 @@ struct PanelJob {
 // The column adder (mma_columns.inc) at both vector widths: kPanelRows, the columns of
 // one panel (kLanes of them) through all blocks of k, by [narrow][result step][nearest].
 constexpr std::size_t kLanes = 16;
+// Rows of A that gemm_columns takes through all panels of B at a time: their terms (12
+// bytes a product) with a panel's fit in a core's L2 at k = 1024.
+constexpr std::size_t kChunkRows = 64;
 using PanelRows = void (*)(const ColumnAdder&, const PanelJob&);
 
 namespace columns_avx2 {
@@ -866,32 +869,36 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
   const bool nearest = params_.final_rounding == Rounding::rne;  // rne or rz (product_shift_ >= 0)
   const unsigned variant = (narrow ? 4u : 0u) | (adder.result_step_applies ? 2u : 0u) | (nearest ? 1u : 0u);
   const PanelRows* const kVariants = panel_adder();
-  for (std::size_t panel = 0; panel < panels; ++panel) {
-    const std::size_t j0 = panel * kLanes;
-    PanelJob job{};
-    job.m = m;
-    job.k = k;
-    job.block_size = block_size;
-    job.rows = {a_sig.data(), a_exp.data(), a_value.data(), a_low.data()};
-    job.panel = ColumnTerms{b_sig.data(), b_exp.data(), b_value.data(), b_low.data()} + panel * k * kLanes;
-    job.row_offset = row_offset.data();
-    job.row_spread = row_spread.data();
-    job.panel_offset = col_offset.data() + j0;
-    const auto panel_spread = col_spread.begin() + static_cast<std::ptrdiff_t>(j0);
-    job.float_spread_limit =
-        float_products ? float_spread - *std::max_element(panel_spread, panel_spread + kLanes) : -1;
-    job.row_special = row_special.data();
-    job.C = C + j0;
-    job.ldc = ldc;
-    job.used = std::min(kLanes, n - j0);
-    job.col_special = col_special.data() + j0;
-    job.result = result.data() + j0;
-    job.result_stride = n;
-    job.slow = slow.data() + j0;
-    job.element_flags = element_flags.data() + j0;
-    const HostRounding host_rounding(adder.binary32_finish, nearest);  // the panel adder's only, not the reference's
-    kVariants[variant](adder, job);
-  }
+  // Rows in chunks, each through every panel: a chunk's rows of A stay in cache across
+  // the panels (all of A per panel streamed from memory), and its rows of C and of the
+  // results span few pages.
+  for (std::size_t first = 0; first < m; first += kChunkRows)
+    for (std::size_t panel = 0; panel < panels; ++panel) {
+      const std::size_t j0 = panel * kLanes;
+      PanelJob job{};
+      job.m = std::min(kChunkRows, m - first);
+      job.k = k;
+      job.block_size = block_size;
+      job.rows = ColumnTerms{a_sig.data(), a_exp.data(), a_value.data(), a_low.data()} + first * k;
+      job.panel = ColumnTerms{b_sig.data(), b_exp.data(), b_value.data(), b_low.data()} + panel * k * kLanes;
+      job.row_offset = row_offset.data() + first;
+      job.row_spread = row_spread.data() + first;
+      job.panel_offset = col_offset.data() + j0;
+      const auto panel_spread = col_spread.begin() + static_cast<std::ptrdiff_t>(j0);
+      job.float_spread_limit =
+          float_products ? float_spread - *std::max_element(panel_spread, panel_spread + kLanes) : -1;
+      job.row_special = row_special.data() + first;
+      job.C = C + first * ldc + j0;
+      job.ldc = ldc;
+      job.used = std::min(kLanes, n - j0);
+      job.col_special = col_special.data() + j0;
+      job.result = result.data() + first * n + j0;
+      job.result_stride = n;
+      job.slow = slow.data() + first * n + j0;
+      job.element_flags = element_flags.data() + first * n + j0;
+      const HostRounding host_rounding(adder.binary32_finish, nearest);  // the panel adder's only, not the reference's
+      kVariants[variant](adder, job);
+    }
   // The integer adder keeps products exact: an element with a product that may lie off
   // the 2^product_lsb grid goes to the reference adder, which cuts it. A product of
   // significand integers is a multiple of 2^(e_a + e_b - 2 * fraction_bits), so the
