@@ -126,9 +126,11 @@ struct ColumnAdder {
   // Narrow finish takes (a sum plus c's term stays below 2^30; mma_columns.inc).
   std::int32_t narrow_sum_limit;
   // The binary32 finish (mma_columns.inc) and the largest |sum of a block's products|
-  // it takes (a sum plus c's term stays an int32).
+  // it takes (a sum plus c's term stays an int32), checked where a block's sum can
+  // reach it.
   bool binary32_finish;
   std::int32_t binary32_sum_limit;
+  bool binary32_sums_checked;
 };
 
 // The exponent of the lowest set bit of a zero operand: a sum of two of them is above
@@ -980,6 +982,7 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
   adder.binary32_finish = EMU_SIMD && float_products && !adder.result_step_applies && out_.fraction_bits() == 23 &&
                           out_.emin() == -126 && out_.emax() == 127 && out_.subnormals();
   adder.binary32_sum_limit = sum_limit(31);
+  adder.binary32_sums_checked = static_cast<std::int64_t>(block_size) * 4 * kept_unit > adder.binary32_sum_limit;
   const bool nearest = params_.final_rounding == Rounding::rne;  // rne or rz (product_shift_ >= 0)
   const unsigned variant = (narrow ? 4u : 0u) | (adder.result_step_applies ? 2u : 0u) | (nearest ? 1u : 0u);
   const PanelRows* const kVariants = panel_adder();
