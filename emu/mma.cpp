@@ -945,12 +945,6 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
   // (wide bf16 data) take the integer shifts.
   const bool float_products = b.float_products;
   const std::int32_t float_spread = 126 - product_shift_;
-  std::vector<float> a_value(m * k);
-  std::vector<std::int32_t> a_low(m * k), row_offset(m, 0), row_spread(m, 0);
-  if (float_products)
-    for (std::size_t i = 0; i < m; ++i)
-      float_terms<1>(a_sig.data() + i * k, a_exp.data() + i * k, k, product_shift_, a_value.data() + i * k,
-                     a_low.data() + i * k, &row_offset[i], &row_spread[i]);
 
   ColumnAdder adder{};
   adder.product_shift = product_shift_;
@@ -963,11 +957,6 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
   adder.output_emin = out_.emin();
   adder.output_subnormals = out_.subnormals();
 
-  // Columns with NaN or infinity, c outside binary32 and columns that overflow are left
-  // to the reference adder, in the final pass.
-  std::vector<double> result(m * n);
-  std::vector<char> slow(m * n, 0);
-  std::vector<Flags> element_flags(m * n, 0);  // INEXACT and UFLO of the column adder's elements
   // The int32 finish holds sums below 2^30: a block's terms are below 2^(kept + 2) each
   // and c's below 2^(kept + 1).
   const auto block_size = static_cast<std::size_t>(params_.block_size);
@@ -986,20 +975,37 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
   const bool nearest = params_.final_rounding == Rounding::rne;  // rne or rz (product_shift_ >= 0)
   const unsigned variant = (narrow ? 4u : 0u) | (adder.result_step_applies ? 2u : 0u) | (nearest ? 1u : 0u);
   const PanelRows* const kVariants = panel_adder();
-  // Rows in chunks, each through every panel: a chunk's rows of A stay in cache across
-  // the panels (all of A per panel streamed from memory), and its rows of C and of the
-  // results span few pages.
-  for (std::size_t first = 0; first < m; first += kChunkRows)
+  // Rows in chunks, each through every panel, then written to C: a chunk's rows of A
+  // stay in cache across the panels (all of A per panel streamed from memory), its rows
+  // of C span few pages, and the float terms of A and the results take buffers of one
+  // chunk, reused.
+  const std::size_t chunk_rows = std::min(kChunkRows, m);
+  std::vector<float> a_value(chunk_rows * k);
+  std::vector<std::int32_t> a_low(chunk_rows * k), row_offset(chunk_rows, 0), row_spread(chunk_rows, 0);
+  // Per element of the chunk: the column adder's result and its INEXACT and UFLO, or
+  // `slow` where the reference adder must redo it (columns with NaN or infinity, c
+  // outside binary32, overflow), in the pass that writes C.
+  std::vector<double> result(chunk_rows * n);
+  std::vector<char> slow(chunk_rows * n);
+  std::vector<Flags> element_flags(chunk_rows * n);
+  Flags flags = 0;
+  for (std::size_t first = 0; first < m; first += kChunkRows) {
+    const std::size_t rows = std::min(kChunkRows, m - first);
+    if (float_products)
+      for (std::size_t r = 0; r < rows; ++r)
+        float_terms<1>(a_sig.data() + (first + r) * k, a_exp.data() + (first + r) * k, k, product_shift_,
+                       a_value.data() + r * k, a_low.data() + r * k, &row_offset[r], &row_spread[r]);
+    std::fill_n(slow.begin(), rows * n, 0);
     for (std::size_t panel = 0; panel < panels; ++panel) {
       const std::size_t j0 = panel * kLanes;
       PanelJob job{};
-      job.m = std::min(kChunkRows, m - first);
+      job.m = rows;
       job.k = k;
       job.block_size = block_size;
-      job.rows = ColumnTerms{a_sig.data(), a_exp.data(), a_value.data(), a_low.data()} + first * k;
+      job.rows = {a_sig.data() + first * k, a_exp.data() + first * k, a_value.data(), a_low.data()};
       job.panel = ColumnTerms{b.sig.data(), b.exp.data(), b.value.data(), b.low.data()} + panel * k * kLanes;
-      job.row_offset = row_offset.data() + first;
-      job.row_spread = row_spread.data() + first;
+      job.row_offset = row_offset.data();
+      job.row_spread = row_spread.data();
       job.panel_offset = b.offset.data() + j0;
       const auto panel_spread = b.spread.begin() + static_cast<std::ptrdiff_t>(j0);
       job.float_spread_limit =
@@ -1009,41 +1015,42 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
       job.ldc = ldc;
       job.used = std::min(kLanes, n - j0);
       job.col_special = b.special.data() + j0;
-      job.result = result.data() + first * n + j0;
+      job.result = result.data() + j0;
       job.result_stride = n;
-      job.slow = slow.data() + first * n + j0;
-      job.element_flags = element_flags.data() + first * n + j0;
+      job.slow = slow.data() + j0;
+      job.element_flags = element_flags.data() + j0;
       const HostRounding host_rounding(adder.binary32_finish, nearest);  // the panel adder's only, not the reference's
       kVariants[variant](adder, job);
     }
-  // The integer adder keeps products exact: an element with a product that may lie off
-  // the 2^product_lsb grid goes to the reference adder, which cuts it. A product of
-  // significand integers is a multiple of 2^(e_a + e_b - 2 * fraction_bits), so the
-  // smallest exponents of A's row and B's column bound it (rare: products below 2^-126).
-  if (params_.product_lsb > kNoTerm) {
-    for (std::size_t i = 0; i < m; ++i) {
-      const std::int64_t row_smallest = smallest_exponent(a_exp.data() + i * k, k, 1);
-      for (std::size_t j = 0; j < n; ++j)
-        if (row_smallest + b.smallest[j] - 2 * fraction_bits < params_.product_lsb) slow[i * n + j] = 1;
-    }
-  }
-  // Write C in the reference's order: the elements left to the reference adder may trap,
-  // with the status the elements before them raised.
-  Flags flags = 0;
-  for (std::size_t i = 0; i < m; ++i)
-    for (std::size_t j = 0; j < n; ++j) {
-      double& c = C[i * ldc + j];
-      if (slow[i * n + j] == 0) {
-        c = result[i * n + j];
-        flags |= element_flags[i * n + j];
-        continue;
+    // The integer adder keeps products exact: an element with a product that may lie off
+    // the 2^product_lsb grid goes to the reference adder, which cuts it. A product of
+    // significand integers is a multiple of 2^(e_a + e_b - 2 * fraction_bits), so the
+    // smallest exponents of A's row and B's column bound it (rare: products below 2^-126).
+    if (params_.product_lsb > kNoTerm)
+      for (std::size_t r = 0; r < rows; ++r) {
+        const std::int64_t row_smallest = smallest_exponent(a_exp.data() + (first + r) * k, k, 1);
+        for (std::size_t j = 0; j < n; ++j)
+          if (row_smallest + b.smallest[j] - 2 * fraction_bits < params_.product_lsb) slow[r * n + j] = 1;
       }
-      commit(ctx, flags);
-      flags = 0;
-      const ElementGuard element(ctx, static_cast<std::int64_t>(i * n + j),
-                                 {static_cast<std::int64_t>(i), static_cast<std::int64_t>(j)});
-      c = dot_gathering(ctx, k, A + i * lda, 1, B + j, ldb, c, flags);
-    }
+    // Write C in the reference's order: the elements left to the reference adder may
+    // trap, with the status the elements before them raised (the later chunks' rows of C
+    // untouched).
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t j = 0; j < n; ++j) {
+        const std::size_t i = first + r;
+        double& c = C[i * ldc + j];
+        if (slow[r * n + j] == 0) {
+          c = result[r * n + j];
+          flags |= element_flags[r * n + j];
+          continue;
+        }
+        commit(ctx, flags);
+        flags = 0;
+        const ElementGuard element(ctx, static_cast<std::int64_t>(i * n + j),
+                                   {static_cast<std::int64_t>(i), static_cast<std::int64_t>(j)});
+        c = dot_gathering(ctx, k, A + i * lda, 1, B + j, ldb, c, flags);
+      }
+  }
   commit(ctx, flags);
 }
 
