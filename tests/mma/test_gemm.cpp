@@ -611,7 +611,7 @@ TEST_CASE("tensor-core gemm equals dot() per element on many rows, at 1, 2 and 3
     const auto unit = emu::make_unit(combo.preset, emu::format_by_name(combo.in), emu::format_by_name(combo.out));
     for (Scenario s : {Scenario::normal, Scenario::sparse, Scenario::moderate_spread, Scenario::lost_bits,
                        Scenario::subnormals, Scenario::special_values}) {
-      const Problem p = make_problem(gen, 130, 37, 70, unit->input_format(), unit->output_format(), s);
+      const Problem p = make_problem(gen, 130, 19, 50, unit->input_format(), unit->output_format(), s);
       const int threads = std::uniform_int_distribution<int>(1, 3)(gen);
       std::vector<double> C = p.C;
       emu::Context gemm_ctx;
