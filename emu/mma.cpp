@@ -6,12 +6,14 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "simd.hpp"
+#include "threads.hpp"
 
 namespace emu {
 
@@ -124,9 +126,11 @@ struct ColumnAdder {
   // Narrow finish takes (a sum plus c's term stays below 2^30; mma_columns.inc).
   std::int32_t narrow_sum_limit;
   // The binary32 finish (mma_columns.inc) and the largest |sum of a block's products|
-  // it takes (a sum plus c's term stays an int32).
+  // it takes (a sum plus c's term stays an int32), checked where a block's sum can
+  // reach it.
   bool binary32_finish;
   std::int32_t binary32_sum_limit;
+  bool binary32_sums_checked;
 };
 
 // The exponent of the lowest set bit of a zero operand: a sum of two of them is above
@@ -172,6 +176,9 @@ struct PanelJob {
 // The column adder (mma_columns.inc) at both vector widths: kPanelRows, the columns of
 // one panel (kLanes of them) through all blocks of k, by [narrow][result step][nearest].
 constexpr std::size_t kLanes = 16;
+// Rows of A that gemm_columns takes through all panels of B at a time: their terms (12
+// bytes a product) with a panel's fit in a core's L2 at k = 1024.
+constexpr std::size_t kChunkRows = 64;
 using PanelRows = void (*)(const ColumnAdder&, const PanelJob&);
 
 namespace columns_avx2 {
@@ -607,11 +614,51 @@ double TensorCoreUnit::dot(Context& ctx, std::size_t k, const double* a, std::si
   return d;
 }
 
+// B decoded for the column adder, shared by every band of rows of one gemm: significand
+// integers and exponents in panels of kLanes columns, [panel][k][column], padded with
+// zeros; for the float products, values, low bits, offsets and spreads (ColumnTerms);
+// the columns with NaN or infinity, and each column's smallest exponent where the unit
+// has a product grid.
+struct TensorCoreUnit::ColumnPanels {
+  std::size_t count = 0;  // panels
+  bool float_products = false;
+  std::vector<std::int32_t> sig, exp;
+  std::vector<float> value;
+  std::vector<std::int32_t> low, offset, spread;
+  std::vector<char> special;
+  std::vector<std::int32_t> smallest;
+};
+
+bool TensorCoreUnit::column_adder_applies(const Context& ctx, std::size_t k) const {
+  return product_shift_ >= 0 && k > 0 && !flags_per_element(ctx);
+}
+
+void TensorCoreUnit::gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
+                          std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) const {
+  if (!column_adder_applies(ctx, k)) {
+    MatrixUnit::gemm(ctx, m, n, k, A, lda, B, ldb, C, ldc);
+    return;
+  }
+  // B decoded once for every band. Where B holds an input outside the format, the bands
+  // decode it themselves, after their rows of A (the reference's order, so that the same
+  // input is reported).
+  std::optional<ColumnPanels> panels;
+  try {
+    panels = decode_panels(n, k, B, ldb);
+  } catch (const std::invalid_argument&) {
+    MatrixUnit::gemm(ctx, m, n, k, A, lda, B, ldb, C, ldc);
+    return;
+  }
+  gemm_by_rows(ctx, m, n, k, C, ldc, [&](Context& band_ctx, std::size_t first, std::size_t rows) {
+    gemm_columns(band_ctx, rows, n, k, A + first * lda, lda, B, ldb, C + first * ldc, ldc, &*panels);
+  });
+}
+
 void TensorCoreUnit::serial_gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
                                  std::size_t lda, const double* B, std::size_t ldb, double* C,
                                  std::size_t ldc) const {
-  if (product_shift_ >= 0 && k > 0 && !flags_per_element(ctx))
-    gemm_columns(ctx, m, n, k, A, lda, B, ldb, C, ldc);
+  if (column_adder_applies(ctx, k))
+    gemm_columns(ctx, m, n, k, A, lda, B, ldb, C, ldc, nullptr);
   else
     gemm_reference(ctx, m, n, k, A, lda, B, ldb, C, ldc);
 }
@@ -655,18 +702,72 @@ void TensorCoreUnit::gemm_reference(Context& ctx, std::size_t m, std::size_t n, 
   commit(ctx, flags);
 }
 
-void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
-                                  std::size_t lda, const double* B, std::size_t ldb, double* C,
-                                  std::size_t ldc) const {
-  // Decode as gemm_reference does, in its order (A by rows, then B by columns), so that
-  // an input outside the format is reported the same: significand integers and exponents,
-  // A's significands shifted by product_shift_, B in panels of kLanes columns,
-  // [panel][k][column], padded with zeros.
-  const int fraction_bits = adder_in_.fraction_bits();
-  const std::uint64_t below_input_precision = (std::uint64_t{1} << (52 - in_.fraction_bits())) - 1;
-  // Normal values of the input format from their bits; anything else through decode(),
-  // which reports inputs outside the format.
-  auto decode_integer = [&](double x, std::int32_t& sig, std::int32_t& exp, bool& special, int shift) {
+namespace {
+
+// Offsets and spreads of kCount sequences of `count` values, element p of sequence l at
+// p * kCount + l (A's rows one by one, a panel's columns together); then the values and
+// low bits (see ColumnTerms). A sequence without a non-zero value keeps offset 0 and
+// spread 0. In loops the compiler vectorises.
+template <std::size_t kCount>
+void float_terms(const std::int32_t* sig, const std::int32_t* exp, std::size_t count, int shift, float* value,
+                 std::int32_t* low, std::int32_t* offset, std::int32_t* spread) {
+  std::int32_t largest[kCount], smallest[kCount];
+  std::fill_n(largest, kCount, kNoTerm);
+  std::fill_n(smallest, kCount, -kNoTerm);
+  for (std::size_t p = 0; p < count; ++p)
+    for (std::size_t l = 0; l < kCount; ++l) {
+      const std::size_t at = p * kCount + l;
+      largest[l] = std::max(largest[l], sig[at] != 0 ? exp[at] : kNoTerm);
+      smallest[l] = std::min(smallest[l], sig[at] != 0 ? exp[at] : -kNoTerm);
+    }
+  for (std::size_t l = 0; l < kCount; ++l) {
+    if (largest[l] == kNoTerm) largest[l] = smallest[l] = 0;
+    offset[l] = largest[l];
+    spread[l] = largest[l] - smallest[l];
+  }
+  for (std::size_t p = 0; p < count; ++p)
+    for (std::size_t l = 0; l < kCount; ++l) {
+      const std::size_t at = p * kCount + l;
+      // sig * 2^(exp - offset - shift): exact where the sequence takes the float
+      // products (its exponent is at least -126 there; clamped elsewhere, unused).
+      const std::int32_t scale = std::clamp(exp[at] - largest[l] - shift, -126, 0);
+      value[at] = static_cast<float>(sig[at]) * std::bit_cast<float>((scale + 127) << 23);
+      // The lowest set bit, sig & -sig, a power of two: its exponent as a float.
+      const auto lowest_bit = std::bit_cast<std::int32_t>(static_cast<float>(sig[at] & -sig[at]));
+      low[at] = sig[at] == 0 ? kNoLowBit : exp[at] + ((lowest_bit >> 23) & 0xff) - 127;
+    }
+}
+
+// The smallest exponent of `count` values at `stride`, zeros apart (int32's largest where
+// every one is zero).
+std::int32_t smallest_exponent(const std::int32_t* begin, std::size_t count, std::size_t stride) {
+  std::int32_t smallest = std::numeric_limits<std::int32_t>::max();
+  for (std::size_t p = 0; p < count; ++p)
+    if (begin[p * stride] != kZeroExponent) smallest = std::min(smallest, begin[p * stride]);
+  return smallest;
+}
+
+// Decodes as decode() does, from the bits where a value is zero or a normal value of the
+// input format (the inputs of a training step nearly always), else through `fallback`
+// (decode(): it reports inputs outside the format): significand integers, shifted left
+// by `shift`, and exponents.
+template <class Fallback>
+class IntegerDecoder {
+ public:
+  IntegerDecoder(const Format& in, const Format& adder_in, Fallback fallback)
+      : in_(in),
+        fraction_bits_(adder_in.fraction_bits()),
+        below_input_precision_((std::uint64_t{1} << (52 - in.fraction_bits())) - 1),
+        fallback_(fallback) {
+#if EMU_SIMD
+    emin_ = _mm256_set1_epi64x(in.emin());
+    emax_ = _mm256_set1_epi64x(in.emax());
+    low_mask_ = _mm256_set1_epi64x(static_cast<long long>(below_input_precision_));
+    max_finite_ = _mm256_set1_pd(in.max_finite());
+#endif
+  }
+
+  void decode(double x, std::int32_t& sig, std::int32_t& exp, bool& special, int shift) const {
     if (x == 0) {  // as decode() gives it; zeros are common (padding, ReLU, dilated gradients)
       sig = 0;
       exp = kZeroExponent;
@@ -674,27 +775,26 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
     }
     const auto bits = std::bit_cast<std::uint64_t>(x);
     const int e = static_cast<int>((bits >> 52) & 0x7ff) - 1023;
-    if (e >= in_.emin() && e <= in_.emax() && (bits & below_input_precision) == 0 &&
+    if (e >= in_.emin() && e <= in_.emax() && (bits & below_input_precision_) == 0 &&
         std::fabs(x) <= in_.max_finite()) {
       const auto magnitude = static_cast<std::int32_t>(((bits & 0xfffffffffffff) | (std::uint64_t{1} << 52)) >>
-                                                       (52 - fraction_bits));
+                                                       (52 - fraction_bits_));
       sig = (x < 0 ? -magnitude : magnitude) * (std::int32_t{1} << shift);
       exp = e;
       return;
     }
     double value;
-    decode(x, value, exp, special);
-    sig = value == 0 ? 0 : static_cast<std::int32_t>(value * pow2(fraction_bits - exp + shift));
-  };
+    fallback_(x, value, exp, special);
+    sig = value == 0 ? 0 : static_cast<std::int32_t>(value * pow2(fraction_bits_ - exp + shift));
+  }
+
 #if EMU_SIMD
   // Four consecutive values at once where each is zero or a normal value of the input
-  // format (what decode_integer's first two branches take; the inputs of a training
-  // step nearly always): false, with nothing written, where one is not.
-  const __m256i emin = _mm256_set1_epi64x(in_.emin()), emax = _mm256_set1_epi64x(in_.emax());
-  const __m256i low_mask = _mm256_set1_epi64x(static_cast<long long>(below_input_precision));
-  const __m256d max_finite = _mm256_set1_pd(in_.max_finite());
-  const __m128i fraction_shift = _mm_cvtsi32_si128(52 - fraction_bits);
-  auto decode4 = [&](const double* x, std::int32_t* sig, std::int32_t* exp, int shift) {
+  // format (decode()'s first two branches): false, with nothing written, where one is not.
+  bool decode4(const double* x, std::int32_t* sig, std::int32_t* exp, int shift) const {
+    const __m256i emin = emin_, emax = emax_, low_mask = low_mask_;
+    const __m256d max_finite = max_finite_;
+    const __m128i fraction_shift = _mm_cvtsi32_si128(52 - fraction_bits_);
     const __m256d v = _mm256_loadu_pd(x);
     const __m256i bits = _mm256_castpd_si256(v);
     const __m256i e = _mm256_sub_epi64(_mm256_and_si256(_mm256_srli_epi64(bits, 52), _mm256_set1_epi64x(0x7ff)),
@@ -722,28 +822,33 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
     _mm_storeu_si128(reinterpret_cast<__m128i*>(sig), _mm_andnot_si128(zero32, sig32));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(exp), _mm_blendv_epi8(halves(e, 0), _mm_set1_epi32(kZeroExponent), zero32));
     return true;
-  };
-#endif
-  std::vector<std::int32_t> a_sig(m * k), a_exp(m * k);
-  std::vector<char> row_special(m, 0), col_special(n, 0);
-  for (std::size_t i = 0; i < m; ++i) {
-    bool special = false;
-    std::size_t p = 0;
-#if EMU_SIMD
-    while (p + 4 <= k && decode4(A + i * lda + p, &a_sig[i * k + p], &a_exp[i * k + p], product_shift_)) p += 4;
-#endif
-    for (; p < k; ++p) {
-      decode_integer(A[i * lda + p], a_sig[i * k + p], a_exp[i * k + p], special, product_shift_);
-#if EMU_SIMD
-      if (p % 4 == 3)  // back to whole vectors after a group taken one by one
-        while (p + 5 <= k && decode4(A + i * lda + p + 1, &a_sig[i * k + p + 1], &a_exp[i * k + p + 1], product_shift_))
-          p += 4;
-#endif
-    }
-    row_special[i] = special;
   }
-  const std::size_t panels = (n + kLanes - 1) / kLanes;
-  std::vector<std::int32_t> b_sig(panels * k * kLanes, 0), b_exp(panels * k * kLanes, kZeroExponent);
+#endif
+
+ private:
+  const Format& in_;
+  int fraction_bits_;
+  std::uint64_t below_input_precision_;
+  Fallback fallback_;
+#if EMU_SIMD
+  __m256i emin_, emax_, low_mask_;  // decode4's, per lane
+  __m256d max_finite_;
+#endif
+};
+
+}  // namespace
+
+TensorCoreUnit::ColumnPanels TensorCoreUnit::decode_panels(std::size_t n, std::size_t k, const double* B,
+                                                           std::size_t ldb) const {
+  const IntegerDecoder decoder(in_, adder_in_, [this](double x, double& value, std::int32_t& exp, bool& special) {
+    decode(x, value, exp, special);
+  });
+  ColumnPanels b;
+  b.count = (n + kLanes - 1) / kLanes;
+  const std::size_t size = b.count * k * kLanes;
+  b.sig.assign(size, 0);
+  b.exp.assign(size, kZeroExponent);
+  b.special.assign(n, 0);
   // B by rows, four columns at a time where every value is zero or normal, else one by
   // one; by columns, in the reference's order, where n is not a multiple of four or a
   // value is outside the format (so that the same one is reported). (By columns, B's
@@ -755,11 +860,11 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
       for (std::size_t p = 0; p < k; ++p)
         for (std::size_t j = 0; j < n; j += 4) {
           const std::size_t at = ((j / kLanes) * k + p) * kLanes + j % kLanes;
-          if (decode4(B + p * ldb + j, &b_sig[at], &b_exp[at], 0)) continue;
+          if (decoder.decode4(B + p * ldb + j, &b.sig[at], &b.exp[at], 0)) continue;
           for (std::size_t q = 0; q < 4; ++q) {
             bool special = false;
-            decode_integer(B[p * ldb + j + q], b_sig[at + q], b_exp[at + q], special, 0);
-            if (special) col_special[j + q] = 1;
+            decoder.decode(B[p * ldb + j + q], b.sig[at + q], b.exp[at + q], special, 0);
+            if (special) b.special[j + q] = 1;
           }
         }
       b_decoded = true;
@@ -773,65 +878,73 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
       bool special = false;
       for (std::size_t p = 0; p < k; ++p) {
         const std::size_t at = ((j / kLanes) * k + p) * kLanes + j % kLanes;
-        decode_integer(B[p * ldb + j], b_sig[at], b_exp[at], special, 0);
+        decoder.decode(B[p * ldb + j], b.sig[at], b.exp[at], special, 0);
       }
-      col_special[j] = special;
+      b.special[j] = special;
     }
 
-  // The float products' operands (see ColumnTerms). A product of two values is exact in
-  // float and at least 2^-(row spread + column spread): a normal float while that is at
-  // most 126; the scale 2^(product_shift + row offset + column offset - E) stays below
-  // 2^128 while it is at most 127 - product_shift (mma_columns.inc). Rows and panels
-  // beyond the limit (wide bf16 data) take the integer shifts.
-  const bool float_products = selected_product_adder.load(std::memory_order_relaxed) != 0;
-  const std::int32_t float_spread = 126 - product_shift_;
-  // (Allocated for the integer shifts too: the column adder offsets their pointers.)
-  std::vector<float> a_value(m * k), b_value(panels * k * kLanes);
-  std::vector<std::int32_t> a_low(m * k), b_low(panels * k * kLanes), row_offset(m, 0), row_spread(m, 0),
-      col_offset(panels * kLanes, 0), col_spread(panels * kLanes, 0);
-  // Offsets and spreads of kCount sequences of `count` values, element p of sequence l
-  // at p * kCount + l (A's rows one by one, a panel's columns together); then the values
-  // and low bits. A sequence without a non-zero value keeps offset 0 and spread 0. In
-  // loops the compiler vectorises: this runs for every band of rows.
-  auto float_terms = [&]<std::size_t kCount>(const std::int32_t* sig, const std::int32_t* exp, std::size_t count,
-                                             int shift, float* value, std::int32_t* low, std::int32_t* offset,
-                                             std::int32_t* spread) {
-    std::int32_t largest[kCount], smallest[kCount];
-    std::fill_n(largest, kCount, kNoTerm);
-    std::fill_n(smallest, kCount, -kNoTerm);
-    for (std::size_t p = 0; p < count; ++p)
-      for (std::size_t l = 0; l < kCount; ++l) {
-        const std::size_t at = p * kCount + l;
-        largest[l] = std::max(largest[l], sig[at] != 0 ? exp[at] : kNoTerm);
-        smallest[l] = std::min(smallest[l], sig[at] != 0 ? exp[at] : -kNoTerm);
-      }
-    for (std::size_t l = 0; l < kCount; ++l) {
-      if (largest[l] == kNoTerm) largest[l] = smallest[l] = 0;
-      offset[l] = largest[l];
-      spread[l] = largest[l] - smallest[l];
-    }
-    for (std::size_t p = 0; p < count; ++p)
-      for (std::size_t l = 0; l < kCount; ++l) {
-        const std::size_t at = p * kCount + l;
-        // sig * 2^(exp - offset - shift): exact where the sequence takes the float
-        // products (its exponent is at least -126 there; clamped elsewhere, unused).
-        const std::int32_t scale = std::clamp(exp[at] - largest[l] - shift, -126, 0);
-        value[at] = static_cast<float>(sig[at]) * std::bit_cast<float>((scale + 127) << 23);
-        // The lowest set bit, sig & -sig, a power of two: its exponent as a float.
-        const auto lowest_bit = std::bit_cast<std::int32_t>(static_cast<float>(sig[at] & -sig[at]));
-        low[at] = sig[at] == 0 ? kNoLowBit : exp[at] + ((lowest_bit >> 23) & 0xff) - 127;
-      }
-  };
-  if (float_products) {
-    for (std::size_t i = 0; i < m; ++i)
-      float_terms.operator()<1>(a_sig.data() + i * k, a_exp.data() + i * k, k, product_shift_, a_value.data() + i * k,
-                                a_low.data() + i * k, &row_offset[i], &row_spread[i]);
-    for (std::size_t panel = 0; panel < panels; ++panel) {
+  // The float products' operands (see ColumnTerms); allocated for the integer shifts too
+  // (the column adder offsets their pointers).
+  b.float_products = selected_product_adder.load(std::memory_order_relaxed) != 0;
+  b.value.resize(size);
+  b.low.resize(size);
+  b.offset.assign(b.count * kLanes, 0);
+  b.spread.assign(b.count * kLanes, 0);
+  if (b.float_products)
+    for (std::size_t panel = 0; panel < b.count; ++panel) {
       const std::size_t at = panel * k * kLanes;
-      float_terms.operator()<kLanes>(b_sig.data() + at, b_exp.data() + at, k, 0, b_value.data() + at,
-                                     b_low.data() + at, &col_offset[panel * kLanes], &col_spread[panel * kLanes]);
+      float_terms<kLanes>(b.sig.data() + at, b.exp.data() + at, k, 0, b.value.data() + at, b.low.data() + at,
+                          &b.offset[panel * kLanes], &b.spread[panel * kLanes]);
     }
+  if (params_.product_lsb > kNoTerm) {  // see gemm_columns
+    b.smallest.resize(n);
+    for (std::size_t j = 0; j < n; ++j)
+      b.smallest[j] = smallest_exponent(b.exp.data() + (j / kLanes) * k * kLanes + j % kLanes, k, kLanes);
   }
+  return b;
+}
+
+void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
+                                  std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc,
+                                  const ColumnPanels* shared) const {
+  // Decode as gemm_reference does, in its order (A by rows, then B by columns, unless
+  // `shared` holds B decoded already), so that an input outside the format is reported
+  // the same: A's significands shifted by product_shift_.
+  const int fraction_bits = adder_in_.fraction_bits();
+  const IntegerDecoder decoder(in_, adder_in_, [this](double x, double& value, std::int32_t& exp, bool& special) {
+    decode(x, value, exp, special);
+  });
+  std::vector<std::int32_t> a_sig(m * k), a_exp(m * k);
+  std::vector<char> row_special(m, 0);
+  for (std::size_t i = 0; i < m; ++i) {
+    bool special = false;
+    std::size_t p = 0;
+#if EMU_SIMD
+    auto decode4 = [&](std::size_t q) {
+      return decoder.decode4(A + i * lda + q, &a_sig[i * k + q], &a_exp[i * k + q], product_shift_);
+    };
+    while (p + 4 <= k && decode4(p)) p += 4;
+#endif
+    for (; p < k; ++p) {
+      decoder.decode(A[i * lda + p], a_sig[i * k + p], a_exp[i * k + p], special, product_shift_);
+#if EMU_SIMD
+      if (p % 4 == 3)  // back to whole vectors after a group taken one by one
+        while (p + 5 <= k && decode4(p + 1)) p += 4;
+#endif
+    }
+    row_special[i] = special;
+  }
+  const ColumnPanels local = shared != nullptr ? ColumnPanels{} : decode_panels(n, k, B, ldb);
+  const ColumnPanels& b = shared != nullptr ? *shared : local;
+  const std::size_t panels = b.count;
+
+  // The float products for A's rows. A product of two values is exact in float and at
+  // least 2^-(row spread + column spread): a normal float while that is at most 126; the
+  // scale 2^(product_shift + row offset + column offset - E) stays below 2^128 while it
+  // is at most 127 - product_shift (mma_columns.inc). Rows and panels beyond the limit
+  // (wide bf16 data) take the integer shifts.
+  const bool float_products = b.float_products;
+  const std::int32_t float_spread = 126 - product_shift_;
 
   ColumnAdder adder{};
   adder.product_shift = product_shift_;
@@ -844,11 +957,6 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
   adder.output_emin = out_.emin();
   adder.output_subnormals = out_.subnormals();
 
-  // Columns with NaN or infinity, c outside binary32 and columns that overflow are left
-  // to the reference adder, in the final pass.
-  std::vector<double> result(m * n);
-  std::vector<char> slow(m * n, 0);
-  std::vector<Flags> element_flags(m * n, 0);  // INEXACT and UFLO of the column adder's elements
   // The int32 finish holds sums below 2^30: a block's terms are below 2^(kept + 2) each
   // and c's below 2^(kept + 1).
   const auto block_size = static_cast<std::size_t>(params_.block_size);
@@ -863,72 +971,86 @@ void TensorCoreUnit::gemm_columns(Context& ctx, std::size_t m, std::size_t n, st
   adder.binary32_finish = EMU_SIMD && float_products && !adder.result_step_applies && out_.fraction_bits() == 23 &&
                           out_.emin() == -126 && out_.emax() == 127 && out_.subnormals();
   adder.binary32_sum_limit = sum_limit(31);
+  adder.binary32_sums_checked = static_cast<std::int64_t>(block_size) * 4 * kept_unit > adder.binary32_sum_limit;
   const bool nearest = params_.final_rounding == Rounding::rne;  // rne or rz (product_shift_ >= 0)
   const unsigned variant = (narrow ? 4u : 0u) | (adder.result_step_applies ? 2u : 0u) | (nearest ? 1u : 0u);
   const PanelRows* const kVariants = panel_adder();
-  for (std::size_t panel = 0; panel < panels; ++panel) {
-    const std::size_t j0 = panel * kLanes;
-    PanelJob job{};
-    job.m = m;
-    job.k = k;
-    job.block_size = block_size;
-    job.rows = {a_sig.data(), a_exp.data(), a_value.data(), a_low.data()};
-    job.panel = ColumnTerms{b_sig.data(), b_exp.data(), b_value.data(), b_low.data()} + panel * k * kLanes;
-    job.row_offset = row_offset.data();
-    job.row_spread = row_spread.data();
-    job.panel_offset = col_offset.data() + j0;
-    const auto panel_spread = col_spread.begin() + static_cast<std::ptrdiff_t>(j0);
-    job.float_spread_limit =
-        float_products ? float_spread - *std::max_element(panel_spread, panel_spread + kLanes) : -1;
-    job.row_special = row_special.data();
-    job.C = C + j0;
-    job.ldc = ldc;
-    job.used = std::min(kLanes, n - j0);
-    job.col_special = col_special.data() + j0;
-    job.result = result.data() + j0;
-    job.result_stride = n;
-    job.slow = slow.data() + j0;
-    job.element_flags = element_flags.data() + j0;
-    const HostRounding host_rounding(adder.binary32_finish, nearest);  // the panel adder's only, not the reference's
-    kVariants[variant](adder, job);
-  }
-  // The integer adder keeps products exact: an element with a product that may lie off
-  // the 2^product_lsb grid goes to the reference adder, which cuts it. A product of
-  // significand integers is a multiple of 2^(e_a + e_b - 2 * fraction_bits), so the
-  // smallest exponents of A's row and B's column bound it (rare: products below 2^-126).
-  if (params_.product_lsb > kNoTerm) {
-    auto smallest_exponent = [](auto begin, std::size_t count, std::size_t stride) {
-      std::int32_t smallest = std::numeric_limits<std::int32_t>::max();
-      for (std::size_t p = 0; p < count; ++p)
-        if (begin[p * stride] != kZeroExponent) smallest = std::min(smallest, begin[p * stride]);
-      return smallest;
-    };
-    std::vector<std::int32_t> col_smallest(n);
-    for (std::size_t j = 0; j < n; ++j)
-      col_smallest[j] = smallest_exponent(b_exp.data() + (j / kLanes) * k * kLanes + j % kLanes, k, kLanes);
-    for (std::size_t i = 0; i < m; ++i) {
-      const std::int64_t row_smallest = smallest_exponent(a_exp.data() + i * k, k, 1);
-      for (std::size_t j = 0; j < n; ++j)
-        if (row_smallest + col_smallest[j] - 2 * fraction_bits < params_.product_lsb) slow[i * n + j] = 1;
-    }
-  }
-  // Write C in the reference's order: the elements left to the reference adder may trap,
-  // with the status the elements before them raised.
+  // Rows in chunks, each through every panel, then written to C: a chunk's rows of A
+  // stay in cache across the panels (all of A per panel streamed from memory), its rows
+  // of C span few pages, and the float terms of A and the results take buffers of one
+  // chunk, reused.
+  const std::size_t chunk_rows = std::min(kChunkRows, m);
+  std::vector<float> a_value(chunk_rows * k);
+  std::vector<std::int32_t> a_low(chunk_rows * k), row_offset(chunk_rows, 0), row_spread(chunk_rows, 0);
+  // Per element of the chunk: the column adder's result and its INEXACT and UFLO, or
+  // `slow` where the reference adder must redo it (columns with NaN or infinity, c
+  // outside binary32, overflow), in the pass that writes C.
+  std::vector<double> result(chunk_rows * n);
+  std::vector<char> slow(chunk_rows * n);
+  std::vector<Flags> element_flags(chunk_rows * n);
   Flags flags = 0;
-  for (std::size_t i = 0; i < m; ++i)
-    for (std::size_t j = 0; j < n; ++j) {
-      double& c = C[i * ldc + j];
-      if (slow[i * n + j] == 0) {
-        c = result[i * n + j];
-        flags |= element_flags[i * n + j];
-        continue;
-      }
-      commit(ctx, flags);
-      flags = 0;
-      const ElementGuard element(ctx, static_cast<std::int64_t>(i * n + j),
-                                 {static_cast<std::int64_t>(i), static_cast<std::int64_t>(j)});
-      c = dot_gathering(ctx, k, A + i * lda, 1, B + j, ldb, c, flags);
+  for (std::size_t first = 0; first < m; first += kChunkRows) {
+    const std::size_t rows = std::min(kChunkRows, m - first);
+    if (float_products)
+      for (std::size_t r = 0; r < rows; ++r)
+        float_terms<1>(a_sig.data() + (first + r) * k, a_exp.data() + (first + r) * k, k, product_shift_,
+                       a_value.data() + r * k, a_low.data() + r * k, &row_offset[r], &row_spread[r]);
+    std::fill_n(slow.begin(), rows * n, 0);
+    for (std::size_t panel = 0; panel < panels; ++panel) {
+      const std::size_t j0 = panel * kLanes;
+      PanelJob job{};
+      job.m = rows;
+      job.k = k;
+      job.block_size = block_size;
+      job.rows = {a_sig.data() + first * k, a_exp.data() + first * k, a_value.data(), a_low.data()};
+      job.panel = ColumnTerms{b.sig.data(), b.exp.data(), b.value.data(), b.low.data()} + panel * k * kLanes;
+      job.row_offset = row_offset.data();
+      job.row_spread = row_spread.data();
+      job.panel_offset = b.offset.data() + j0;
+      const auto panel_spread = b.spread.begin() + static_cast<std::ptrdiff_t>(j0);
+      job.float_spread_limit =
+          float_products ? float_spread - *std::max_element(panel_spread, panel_spread + kLanes) : -1;
+      job.row_special = row_special.data() + first;
+      job.C = C + first * ldc + j0;
+      job.ldc = ldc;
+      job.used = std::min(kLanes, n - j0);
+      job.col_special = b.special.data() + j0;
+      job.result = result.data() + j0;
+      job.result_stride = n;
+      job.slow = slow.data() + j0;
+      job.element_flags = element_flags.data() + j0;
+      const HostRounding host_rounding(adder.binary32_finish, nearest);  // the panel adder's only, not the reference's
+      kVariants[variant](adder, job);
     }
+    // The integer adder keeps products exact: an element with a product that may lie off
+    // the 2^product_lsb grid goes to the reference adder, which cuts it. A product of
+    // significand integers is a multiple of 2^(e_a + e_b - 2 * fraction_bits), so the
+    // smallest exponents of A's row and B's column bound it (rare: products below 2^-126).
+    if (params_.product_lsb > kNoTerm)
+      for (std::size_t r = 0; r < rows; ++r) {
+        const std::int64_t row_smallest = smallest_exponent(a_exp.data() + (first + r) * k, k, 1);
+        for (std::size_t j = 0; j < n; ++j)
+          if (row_smallest + b.smallest[j] - 2 * fraction_bits < params_.product_lsb) slow[r * n + j] = 1;
+      }
+    // Write C in the reference's order: the elements left to the reference adder may
+    // trap, with the status the elements before them raised (the later chunks' rows of C
+    // untouched).
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t j = 0; j < n; ++j) {
+        const std::size_t i = first + r;
+        double& c = C[i * ldc + j];
+        if (slow[r * n + j] == 0) {
+          c = result[r * n + j];
+          flags |= element_flags[r * n + j];
+          continue;
+        }
+        commit(ctx, flags);
+        flags = 0;
+        const ElementGuard element(ctx, static_cast<std::int64_t>(i * n + j),
+                                   {static_cast<std::int64_t>(i), static_cast<std::int64_t>(j)});
+        c = dot_gathering(ctx, k, A + i * lda, 1, B + j, ldb, c, flags);
+      }
+  }
   commit(ctx, flags);
 }
 

@@ -152,9 +152,12 @@ class TensorCoreUnit final : public MatrixUnit {
   // infinity or overflow, the reference adder per element. The context counting or
   // trapping INEXACT or UFLO takes the reference adder for every element, raising each
   // element's flags with it.
-  // (MatrixUnit::gemm runs it in bands of rows on several threads.)
+  // (gemm runs it in bands of rows on several threads, as MatrixUnit::gemm, with B
+  // decoded once for every band where the column adder applies.)
   void serial_gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
                    std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) const override;
+  void gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
+            const double* B, std::size_t ldb, double* C, std::size_t ldc) const override;
   // Volta's instruction on 4x4 tiles (row-major): D = A * B + C.
   void mma_4x4x4(Context& ctx, const double* A, const double* B, const double* C, double* D) const;
 
@@ -174,9 +177,17 @@ class TensorCoreUnit final : public MatrixUnit {
   // dot() without raising INEXACT and UFLO into the context: they gather in `flags`.
   double dot_gathering(Context& ctx, std::size_t k, const double* a, std::size_t sa, const double* b,
                        std::size_t sb, double c, Flags& flags) const;
-  // gemm() on the integer adder (product_shift_ >= 0), and the reference gemm.
-  void gemm_columns(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
-                    std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) const;
+  // Whether serial_gemm takes the column adder: product_shift_ >= 0, k > 0 and INEXACT
+  // and UFLO neither counted nor trapped.
+  bool column_adder_applies(const Context& ctx, std::size_t k) const;
+  // B decoded for the column adder (defined in mma.cpp). Throws std::invalid_argument
+  // for an input outside the format, as decode().
+  struct ColumnPanels;
+  ColumnPanels decode_panels(std::size_t n, std::size_t k, const double* B, std::size_t ldb) const;
+  // serial_gemm on the column adder, with B from `shared` where given (else decoded
+  // here, after A), and the reference gemm.
+  void gemm_columns(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
+                    const double* B, std::size_t ldb, double* C, std::size_t ldc, const ColumnPanels* shared) const;
   void gemm_reference(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A,
                       std::size_t lda, const double* B, std::size_t ldb, double* C, std::size_t ldc) const;
   // The adder on decoded, contiguous operands. INEXACT and UFLO gather in `flags` and
