@@ -56,7 +56,8 @@ class DamagedFile : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Reads the summary and /failures of an existing output in a child process, so that no
+// Reads the summary, /failures and then every dataset whole (a trace chunk that does not
+// decompress is damage too) of an existing output in a child process, so that no
 // damage can crash this one (HDF5 1.10 is not hardened against damaged files: a damaged
 // heap of strings makes it read out of bounds, a damaged global heap makes it loop for
 // ever, hence the child's limit of cpu_seconds). InputError naming the file and what is

@@ -159,6 +159,25 @@ except ValueError as error:
 """
 
 
+def test_damaged_trace_chunk_is_refused(sweep_dir, tmp_path):
+    # A trace chunk that does not decompress (what a drive that dies half-way through a
+    # flush can leave) is damage too: refused with exit 2 before anything is said about
+    # the file, and never completed around by --resume, nor shown as complete.
+    path = tmp_path / "out.h5"
+    path.write_bytes((sweep_dir / "out.h5").read_bytes())
+    with h5py.File(path, "r") as f:
+        chunk = f["traces/sum"].id.get_chunk_info(3)
+    data = bytearray(path.read_bytes())
+    for i in range(chunk.byte_offset + 16, chunk.byte_offset + min(chunk.size, 64)):
+        data[i] ^= 0x5A
+    path.write_bytes(bytes(data))
+    for resume in ([], ["--resume"]):
+        p = run(SWEEP, str(sweep_dir / "c.yaml"), "-o", str(path), "--quiet", *resume)
+        bad_input(p, str(path))
+        assert " is damaged: " in p.stderr and "/traces/sum" in p.stderr, p.stderr
+        assert path.read_bytes() == bytes(data)
+
+
 def test_results_open_on_damaged_files(sweep_dir, tmp_path):
     # In a child each: damage in HDF5's heap of strings can make HDF5 1.10 itself read out
     # of bounds and crash, which h5py cannot catch (sweep reads files in a child process
