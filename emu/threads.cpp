@@ -58,23 +58,33 @@ void gemm_by_rows(Context& ctx, std::size_t m, std::size_t n, std::size_t k, dou
     return;
   }
 
-  std::vector<double> saved(m * n);
-  for (std::size_t i = 0; i < m; ++i) std::copy(C + i * ldc, C + i * ldc + n, saved.begin() + i * n);
   Context fresh = ctx;
   fresh.clear_status();
   fresh.clear_counts();
   fresh.clear_element();
   // Every band starts at a multiple of `rows` (the caller's last one, all the rows left,
-  // too): its context waits in slot first / rows, so the slots are in row order.
-  std::vector<std::optional<Context>> slots((m + rows - 1) / rows);
+  // too): it waits in slot first / rows, so the slots are in row order. A band keeps its
+  // rows of C as they were, to restore them after a trap: copied by the band's own
+  // thread, so that no copy of the whole of C holds the other threads up.
+  struct Band {
+    std::optional<Context> ctx;
+    std::size_t rows = 0;
+    std::vector<double> saved;  // rows x n, row-major
+  };
+  std::vector<Band> slots((m + rows - 1) / rows);
   std::atomic<std::size_t> next{0};
   std::atomic<bool> helped{false}, failed{false};
   // Takes `want` rows (fewer at the end) and computes them; false when none was left.
   auto take = [&](std::size_t want) {
     const std::size_t first = failed.load() ? m : next.fetch_add(want);
     if (first >= m) return false;
-    Context& band_ctx = slots[first / rows].emplace(fresh);
-    band(band_ctx, first, std::min(want, m - first));
+    Band& b = slots[first / rows];
+    const std::size_t count = std::min(want, m - first);
+    b.saved.resize(count * n);
+    for (std::size_t i = 0; i < count; ++i)
+      std::copy(C + (first + i) * ldc, C + (first + i) * ldc + n, b.saved.begin() + i * n);
+    b.rows = count;  // from here on, the band may have written its rows
+    band(b.ctx.emplace(fresh), first, count);
     return true;
   };
   auto run_bands = [&] {
@@ -114,14 +124,18 @@ void gemm_by_rows(Context& ctx, std::size_t m, std::size_t n, std::size_t k, dou
       run_bands();
     }
   } catch (...) {
-    for (std::size_t i = 0; i < m; ++i) std::copy(saved.begin() + i * n, saved.begin() + (i + 1) * n, C + i * ldc);
+    for (std::size_t slot = 0; slot < slots.size(); ++slot)
+      for (std::size_t i = 0; i < slots[slot].rows; ++i) {
+        const auto row = slots[slot].saved.begin() + i * n;
+        std::copy(row, row + n, C + (slot * rows + i) * ldc);
+      }
     band(ctx, 0, m);
     return;
   }
 
   for (std::size_t slot = 0; slot < slots.size(); ++slot) {
-    if (!slots[slot]) continue;
-    const Context& b = *slots[slot];
+    if (!slots[slot].ctx) continue;
+    const Context& b = *slots[slot].ctx;
     const auto first = static_cast<std::int64_t>(slot * rows);
     for (OpCount count : b.counts()) {
       Element& e = count.first_element;
