@@ -221,6 +221,48 @@ TEST_CASE("every unit's gemm: the same outcome at 1, 2 and 3 threads", "[threads
   }
 }
 
+// The reference units' gemm scans and packs B once for all its bands: B's NaN and
+// infinite columns (the exact pass leaves them to the reference) and a B whose value is
+// not an fp32 value (no pass applies) come out as serially.
+TEST_CASE("the reference units with specials or a non-fp32 value in B: the same outcome at 1, 2 and 3 threads",
+          "[threads]") {
+  Rng rng(StreamId{2027});
+  std::vector<std::unique_ptr<MatrixUnit>> units;
+  for (UnitKind kind : {UnitKind::exact, UnitKind::fp32_seq, UnitKind::fp16_seq}) units.push_back(make_unit(kind));
+  units.push_back(make_sequential_unit(UnitKind::fp32_seq, false));
+  const Shape s{300, 13, 20};
+  Problem specials = random_problem(rng, s.m, s.n, s.k);
+  specials.B[3 * specials.ldb() + 2] = kNaN;
+  specials.B[7 * specials.ldb() + 9] = -kInf;
+  Problem not_float = random_problem(rng, s.m, s.n, s.k);
+  not_float.B[5 * not_float.ldb() + 4] = 1 + 0x1p-30;
+  for (const Problem* p : {&specials, &not_float})
+    for (const auto& unit : units) {
+      INFO(unit_kind_name(unit->kind()) << (p == &specials ? ": specials" : ": not fp32"));
+      auto gemm = [&](Context& ctx, double* C) {
+        unit->gemm(ctx, p->m, p->n, p->k, p->A.data(), p->lda(), p->B.data(), p->ldb(), C, p->ldc());
+      };
+      check_threads(p->C, gemm);
+      // And the values and status of dot() element by element.
+      Outcome by_dot;
+      by_dot.C = p->C;
+      Context ctx;
+      for (std::size_t i = 0; i < p->m; ++i)
+        for (std::size_t j = 0; j < p->n; ++j) {
+          double& c = by_dot.C[i * p->ldc() + j];
+          c = unit->dot(ctx, p->k, p->A.data() + i * p->lda(), 1, p->B.data() + j, p->ldb(), c);
+        }
+      by_dot.status = ctx.status();
+      const Threads setting(2);
+      Outcome threaded;
+      threaded.C = p->C;
+      Context threaded_ctx;
+      gemm(threaded_ctx, threaded.C.data());
+      threaded.status = threaded_ctx.status();
+      CHECK(difference(by_dot, threaded) == "");
+    }
+}
+
 TEST_CASE("a tensor-core input outside fp16: the serial error at any number of threads", "[threads]") {
   Rng rng(StreamId{3});
   Problem p = random_problem(rng, 300, 40, 50);
