@@ -537,10 +537,11 @@ bool exact_pass(std::size_t m, std::size_t n, std::size_t k, const double* A, st
   if (bins.count == 0) return false;
   pass.sum.assign(m * n, Exact{});
   pass.redo.assign(m * n, false);
+  const std::vector<bool>& special_column = b.scan.special_column;
   switch (bins.count) {
-    case 1: exact_kernel<1>(m, n, k, A, lda, b.panels, bins, C, ldc, a.special_row, b.scan.special_column, pass); break;
-    case 2: exact_kernel<2>(m, n, k, A, lda, b.panels, bins, C, ldc, a.special_row, b.scan.special_column, pass); break;
-    default: exact_kernel<3>(m, n, k, A, lda, b.panels, bins, C, ldc, a.special_row, b.scan.special_column, pass); break;
+    case 1: exact_kernel<1>(m, n, k, A, lda, b.panels, bins, C, ldc, a.special_row, special_column, pass); break;
+    case 2: exact_kernel<2>(m, n, k, A, lda, b.panels, bins, C, ldc, a.special_row, special_column, pass); break;
+    default: exact_kernel<3>(m, n, k, A, lda, b.panels, bins, C, ldc, a.special_row, special_column, pass); break;
   }
   return true;
 }
