@@ -17,12 +17,13 @@ namespace {
 
 std::atomic<int> gemm_threads_setting{0};
 
-// Bands: every thread takes the next band of rows until none is left. Each band costs
-// some work of its own beside its rows' (a unit's gemm decodes or packs all of B per
-// call: measured, as much as 12 to 30 rows of a 1024^3 product), so bands are few and
-// not small; and a caller that no other thread has come to help (every thread busy, as
-// in a sweep) takes all the rows left at once, so that it pays for one band more at most.
-constexpr std::size_t kBandsPerThread = 2;
+// Bands: every thread takes the next band of rows until none is left. The units' gemm
+// decode or pack B once for all their bands, so a band costs little work of its own
+// beside its rows'; several bands per thread then bound the time one thread waits for
+// another (a thread that lost its core for a while, a slower band) to one band. A
+// caller that no other thread has come to help (every thread busy, as in a sweep) takes
+// all the rows left at once.
+constexpr std::size_t kBandsPerThread = 4;
 // A band of fewer products costs more to hand to another thread (tens of
 // microseconds) than it saves.
 constexpr std::size_t kMinBandProducts = std::size_t{1} << 14;

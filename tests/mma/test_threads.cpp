@@ -193,7 +193,7 @@ struct Shape {
   std::size_t m, n, k;
 };
 
-// Shapes large enough to be cut into bands (emu/threads.cpp: 128 rows and 2^14
+// Shapes large enough to be cut into bands (emu/threads.cpp: 64 rows and 2^14
 // products a band at least), rarely a multiple of one.
 std::vector<Shape> shapes(Rng& rng) {
   std::vector<Shape> list{{300, 13, 20}, {530, 7, 24}};
