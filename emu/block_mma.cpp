@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -282,17 +283,29 @@ double BlockMmaUnit::dot(Context& ctx, const BlockQuantized& a, const BlockQuant
 void BlockMmaUnit::gemm(Context& ctx, std::span<const BlockQuantized> rows, std::span<const BlockQuantized> cols,
                         double* C, std::size_t ldc, const TensorScaleEpilogue& epilogue) const {
   const std::size_t k = rows.empty() ? 0 : rows.front().elements.size();
+  // B decoded once for every band. Where a column is not an array quantised in B's
+  // format, the bands decode the columns themselves, after their rows (the serial order,
+  // so that the same operand is reported).
+  std::optional<std::vector<Decoded>> b;
+  try {
+    b.emplace();
+    for (const BlockQuantized& q : cols) b->push_back(decode(q, b_));
+  } catch (const std::invalid_argument&) {
+    b.reset();
+  }
   gemm_by_rows(ctx, rows.size(), cols.size(), k, C, ldc, [&](Context& band_ctx, std::size_t first, std::size_t count) {
-    serial_gemm(band_ctx, rows.subspan(first, count), cols, C + first * ldc, ldc, epilogue);
+    serial_gemm(band_ctx, rows.subspan(first, count), cols, b ? &*b : nullptr, C + first * ldc, ldc, epilogue);
   });
 }
 
 void BlockMmaUnit::serial_gemm(Context& ctx, std::span<const BlockQuantized> rows,
-                               std::span<const BlockQuantized> cols, double* C, std::size_t ldc,
-                               const TensorScaleEpilogue& epilogue) const {
-  std::vector<Decoded> a, b;
+                               std::span<const BlockQuantized> cols, const std::vector<Decoded>* decoded_cols,
+                               double* C, std::size_t ldc, const TensorScaleEpilogue& epilogue) const {
+  std::vector<Decoded> a, own_b;
   for (const BlockQuantized& q : rows) a.push_back(decode(q, a_));
-  for (const BlockQuantized& q : cols) b.push_back(decode(q, b_));
+  if (decoded_cols == nullptr)
+    for (const BlockQuantized& q : cols) own_b.push_back(decode(q, b_));
+  const std::vector<Decoded>& b = decoded_cols != nullptr ? *decoded_cols : own_b;
   for (std::size_t i = 0; i < a.size(); ++i)
     for (std::size_t j = 0; j < b.size(); ++j) {
       if (a[i].size != b[j].size)

@@ -63,6 +63,7 @@
 #include <cstddef>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "arith.hpp"
 #include "block.hpp"
@@ -156,9 +157,11 @@ class BlockMmaUnit {
   double dot_decoded(Context& ctx, const Decoded& a, const Decoded& b, double c) const;
   double dot_with(Context& ctx, const Decoded& a, const Decoded& b, double c,
                   const TensorScaleEpilogue& epilogue) const;
-  // gemm on the calling thread.
+  // gemm on the calling thread; decoded_cols: cols decoded (by gemm, once for all its
+  // bands of rows), or nullptr to decode them after the rows.
   void serial_gemm(Context& ctx, std::span<const BlockQuantized> rows, std::span<const BlockQuantized> cols,
-                   double* C, std::size_t ldc, const TensorScaleEpilogue& epilogue) const;
+                   const std::vector<Decoded>* decoded_cols, double* C, std::size_t ldc,
+                   const TensorScaleEpilogue& epilogue) const;
   double special(Context& ctx, const Decoded& a, const Decoded& b, double c) const;
   double instruction(Context& ctx, std::size_t first, std::size_t count, const Decoded& a, const Decoded& b, double c,
                      Flags& flags) const;

@@ -78,18 +78,9 @@ constexpr std::size_t kTile = kLanes * kVectors;  // columns of C per tile
 
 __m256d all_ones() { return _mm256_castsi256_pd(_mm256_set1_epi64x(-1)); }
 
-// What the passes need to know of an operand (rows x columns, row stride ld): whether
-// every finite value is an fp32 value; the lowest set bit and the largest magnitude
-// among the finite non-zero values; which rows and columns hold a NaN or an infinity.
-struct Operand {
-  bool floats = true;
-  int lowest_bit = INT32_MAX;
-  double largest = 0;
-  std::vector<bool> special_row, special_column;
-};
-
-Operand scan(std::size_t rows, std::size_t columns, const double* X, std::size_t ld) {
-  Operand o;
+// PassOperand of X (rows x columns, row stride ld).
+PassOperand scan(std::size_t rows, std::size_t columns, const double* X, std::size_t ld) {
+  PassOperand o;
   o.special_row.assign(rows, false);
   o.special_column.assign(columns, false);
   for (std::size_t i = 0; i < rows; ++i)
@@ -457,7 +448,7 @@ Exact exact_of(const double* bins, int count, std::ptrdiff_t stride, int lsb, do
 
 // The bins for products of A's and B's finite values; count 0 where they need more
 // than three or the sums would leave 128 bits.
-Bins plan_bins(std::size_t k, const Operand& a, const Operand& b) {
+Bins plan_bins(std::size_t k, const PassOperand& a, const PassOperand& b) {
   const double max_a = a.largest, max_b = b.largest;
   Bins bins;
   if (max_a == 0 || max_b == 0) return bins;  // every finite product is zero
@@ -504,55 +495,69 @@ void exact_kernel(std::size_t m, std::size_t n, std::size_t k, const double* A, 
 
 }  // namespace
 
+PassColumns pass_columns(std::size_t n, std::size_t k, const double* B, std::size_t ldb) {
+  PassColumns columns{scan(k, n, B, ldb), {}};
+  if (columns.scan.floats) columns.panels = pack_panels(n, k, B, ldb);
+  return columns;
+}
+
 bool sequential_pass(const Context& ctx, const Format& out, bool fused, std::size_t m, std::size_t n, std::size_t k,
                      const double* A, std::size_t lda, const double* B, std::size_t ldb, const double* C,
-                     std::size_t ldc, SequentialPass& pass) {
+                     std::size_t ldc, SequentialPass& pass, const PassColumns* columns) {
   const bool fp32_out = same_layout(out, fp32()), fp16_out = same_layout(out, fp16());
   if (m == 0 || n == 0 || k == 0 || (!fp32_out && !fp16_out) || ctx.control.effective_rounding() != Rounding::rne ||
       ((ctx.control.counted | ctx.control.traps) & INEXACT) || !simd::host_rounds_to_nearest())
     return false;
-  if (!scan(m, k, A, lda).floats || !scan(k, n, B, ldb).floats) return false;
-  const std::vector<double> panels = pack_panels(n, k, B, ldb);
+  if (!scan(m, k, A, lda).floats) return false;
+  const PassColumns own = columns != nullptr ? PassColumns{} : pass_columns(n, k, B, ldb);
+  const PassColumns& b = columns != nullptr ? *columns : own;
+  if (!b.scan.floats) return false;
   pass.value.assign(m * n, 0.0);
   pass.flags.assign(m * n, 0);
   pass.raised = 0;
   if (fp32_out) {
-    if (fused) sequential_kernel<Fp32Fused>(ctx, out, m, n, k, A, lda, panels, C, ldc, pass);
-    else sequential_kernel<Fp32Unfused>(ctx, out, m, n, k, A, lda, panels, C, ldc, pass);
+    if (fused) sequential_kernel<Fp32Fused>(ctx, out, m, n, k, A, lda, b.panels, C, ldc, pass);
+    else sequential_kernel<Fp32Unfused>(ctx, out, m, n, k, A, lda, b.panels, C, ldc, pass);
   } else {
-    if (fused) sequential_kernel<Fp16Fused>(ctx, out, m, n, k, A, lda, panels, C, ldc, pass);
-    else sequential_kernel<Fp16Unfused>(ctx, out, m, n, k, A, lda, panels, C, ldc, pass);
+    if (fused) sequential_kernel<Fp16Fused>(ctx, out, m, n, k, A, lda, b.panels, C, ldc, pass);
+    else sequential_kernel<Fp16Unfused>(ctx, out, m, n, k, A, lda, b.panels, C, ldc, pass);
   }
   return true;
 }
 
 bool exact_pass(std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda, const double* B,
-                std::size_t ldb, const double* C, std::size_t ldc, ExactPass& pass) {
+                std::size_t ldb, const double* C, std::size_t ldc, ExactPass& pass, const PassColumns* columns) {
   if (m == 0 || n == 0 || k == 0 || !simd::host_rounds_to_nearest()) return false;
-  const Operand a = scan(m, k, A, lda), b = scan(k, n, B, ldb);
-  if (!a.floats || !b.floats) return false;
-  const Bins bins = plan_bins(k, a, b);
+  const PassOperand a = scan(m, k, A, lda);
+  if (!a.floats) return false;
+  const PassColumns own = columns != nullptr ? PassColumns{} : pass_columns(n, k, B, ldb);
+  const PassColumns& b = columns != nullptr ? *columns : own;
+  if (!b.scan.floats) return false;
+  const Bins bins = plan_bins(k, a, b.scan);
   if (bins.count == 0) return false;
-  const std::vector<double> panels = pack_panels(n, k, B, ldb);
   pass.sum.assign(m * n, Exact{});
   pass.redo.assign(m * n, false);
+  const std::vector<bool>& special_column = b.scan.special_column;
   switch (bins.count) {
-    case 1: exact_kernel<1>(m, n, k, A, lda, panels, bins, C, ldc, a.special_row, b.special_column, pass); break;
-    case 2: exact_kernel<2>(m, n, k, A, lda, panels, bins, C, ldc, a.special_row, b.special_column, pass); break;
-    default: exact_kernel<3>(m, n, k, A, lda, panels, bins, C, ldc, a.special_row, b.special_column, pass); break;
+    case 1: exact_kernel<1>(m, n, k, A, lda, b.panels, bins, C, ldc, a.special_row, special_column, pass); break;
+    case 2: exact_kernel<2>(m, n, k, A, lda, b.panels, bins, C, ldc, a.special_row, special_column, pass); break;
+    default: exact_kernel<3>(m, n, k, A, lda, b.panels, bins, C, ldc, a.special_row, special_column, pass); break;
   }
   return true;
 }
 
 #else
 
+PassColumns pass_columns(std::size_t, std::size_t, const double*, std::size_t) { return {}; }
+
 bool sequential_pass(const Context&, const Format&, bool, std::size_t, std::size_t, std::size_t, const double*,
-                     std::size_t, const double*, std::size_t, const double*, std::size_t, SequentialPass&) {
+                     std::size_t, const double*, std::size_t, const double*, std::size_t, SequentialPass&,
+                     const PassColumns*) {
   return false;
 }
 
 bool exact_pass(std::size_t, std::size_t, std::size_t, const double*, std::size_t, const double*, std::size_t,
-                const double*, std::size_t, ExactPass&) {
+                const double*, std::size_t, ExactPass&, const PassColumns*) {
   return false;
 }
 

@@ -6,12 +6,32 @@
 // the reference (ReferenceUnit::dot). emu/sequential.cpp has the proofs. Internal to emu.
 #pragma once
 
+#include <climits>
 #include <cstddef>
 #include <vector>
 
 #include "arith.hpp"
 
 namespace emu {
+
+// What the passes need to know of an operand (rows x columns): whether every finite
+// value is an fp32 value; the lowest set bit and the largest magnitude among the finite
+// non-zero values; which rows and columns hold a NaN or an infinity.
+struct PassOperand {
+  bool floats = true;
+  int lowest_bit = INT_MAX;
+  double largest = 0;
+  std::vector<bool> special_row, special_column;
+};
+
+// B as both passes read it: scanned, and packed by tiles of columns where its finite
+// values are fp32 values (else the passes do not apply). A GEMM prepares it once for all
+// its bands of rows (emu/threads.hpp); left empty in a build without the passes.
+struct PassColumns {
+  PassOperand scan;
+  std::vector<double> panels;
+};
+PassColumns pass_columns(std::size_t n, std::size_t k, const double* B, std::size_t ldb);
 
 // Per element of C in row-major order (i * n + j).
 struct SequentialPass {
@@ -29,10 +49,11 @@ struct SequentialPass {
 // other than rne, INEXACT counted or trapped, an output format other than fp32 and fp16,
 // a finite value of A or B that is not an fp32 value, a host not rounding to nearest,
 // a build without AVX2/FMA/F16C. Elements whose c is not an fp32 value (fp16 unfused:
-// not an fp16 value) are left to the reference.
+// not an fp16 value) are left to the reference. columns: pass_columns(n, k, B, ldb)
+// where the caller has it, else nullptr (the pass prepares it).
 bool sequential_pass(const Context& ctx, const Format& out, bool fused, std::size_t m, std::size_t n, std::size_t k,
                      const double* A, std::size_t lda, const double* B, std::size_t ldb, const double* C,
-                     std::size_t ldc, SequentialPass& pass);
+                     std::size_t ldc, SequentialPass& pass, const PassColumns* columns = nullptr);
 
 // Per element of C in row-major order (i * n + j).
 struct ExactPass {
@@ -42,8 +63,9 @@ struct ExactPass {
 
 // The exact pass. False, with nothing computed, where it does not apply: a finite value
 // of A or B that is not an fp32 value, products too far apart for its 128-bit sums, a
-// host not rounding to nearest, a build without AVX2.
+// host not rounding to nearest, a build without AVX2. columns: as for sequential_pass.
 bool exact_pass(std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda, const double* B,
-                std::size_t ldb, const double* C, std::size_t ldc, ExactPass& pass);
+                std::size_t ldb, const double* C, std::size_t ldc, ExactPass& pass,
+                const PassColumns* columns = nullptr);
 
 }  // namespace emu

@@ -17,12 +17,13 @@ namespace {
 
 std::atomic<int> gemm_threads_setting{0};
 
-// Bands: every thread takes the next band of rows until none is left. Each band costs
-// some work of its own beside its rows' (a unit's gemm decodes or packs all of B per
-// call: measured, as much as 12 to 30 rows of a 1024^3 product), so bands are few and
-// not small; and a caller that no other thread has come to help (every thread busy, as
-// in a sweep) takes all the rows left at once, so that it pays for one band more at most.
-constexpr std::size_t kBandsPerThread = 2;
+// Bands: every thread takes the next band of rows until none is left. The units' gemm
+// decode or pack B once for all their bands, so a band costs little work of its own
+// beside its rows'; several bands per thread then bound the time one thread waits for
+// another (a thread that lost its core for a while, a slower band) to one band. A
+// caller that no other thread has come to help (every thread busy, as in a sweep) takes
+// all the rows left at once.
+constexpr std::size_t kBandsPerThread = 4;
 // A band of fewer products costs more to hand to another thread (tens of
 // microseconds) than it saves.
 constexpr std::size_t kMinBandProducts = std::size_t{1} << 14;
@@ -58,23 +59,33 @@ void gemm_by_rows(Context& ctx, std::size_t m, std::size_t n, std::size_t k, dou
     return;
   }
 
-  std::vector<double> saved(m * n);
-  for (std::size_t i = 0; i < m; ++i) std::copy(C + i * ldc, C + i * ldc + n, saved.begin() + i * n);
   Context fresh = ctx;
   fresh.clear_status();
   fresh.clear_counts();
   fresh.clear_element();
   // Every band starts at a multiple of `rows` (the caller's last one, all the rows left,
-  // too): its context waits in slot first / rows, so the slots are in row order.
-  std::vector<std::optional<Context>> slots((m + rows - 1) / rows);
+  // too): it waits in slot first / rows, so the slots are in row order. A band keeps its
+  // rows of C as they were, to restore them after a trap: copied by the band's own
+  // thread, so that no copy of the whole of C holds the other threads up.
+  struct Band {
+    std::optional<Context> ctx;
+    std::size_t rows = 0;
+    std::vector<double> saved;  // rows x n, row-major
+  };
+  std::vector<Band> slots((m + rows - 1) / rows);
   std::atomic<std::size_t> next{0};
   std::atomic<bool> helped{false}, failed{false};
   // Takes `want` rows (fewer at the end) and computes them; false when none was left.
   auto take = [&](std::size_t want) {
     const std::size_t first = failed.load() ? m : next.fetch_add(want);
     if (first >= m) return false;
-    Context& band_ctx = slots[first / rows].emplace(fresh);
-    band(band_ctx, first, std::min(want, m - first));
+    Band& b = slots[first / rows];
+    const std::size_t count = std::min(want, m - first);
+    b.saved.resize(count * n);
+    for (std::size_t i = 0; i < count; ++i)
+      std::copy(C + (first + i) * ldc, C + (first + i) * ldc + n, b.saved.begin() + i * n);
+    b.rows = count;  // from here on, the band may have written its rows
+    band(b.ctx.emplace(fresh), first, count);
     return true;
   };
   auto run_bands = [&] {
@@ -114,14 +125,18 @@ void gemm_by_rows(Context& ctx, std::size_t m, std::size_t n, std::size_t k, dou
       run_bands();
     }
   } catch (...) {
-    for (std::size_t i = 0; i < m; ++i) std::copy(saved.begin() + i * n, saved.begin() + (i + 1) * n, C + i * ldc);
+    for (std::size_t slot = 0; slot < slots.size(); ++slot)
+      for (std::size_t i = 0; i < slots[slot].rows; ++i) {
+        const auto row = slots[slot].saved.begin() + i * n;
+        std::copy(row, row + n, C + (slot * rows + i) * ldc);
+      }
     band(ctx, 0, m);
     return;
   }
 
   for (std::size_t slot = 0; slot < slots.size(); ++slot) {
-    if (!slots[slot]) continue;
-    const Context& b = *slots[slot];
+    if (!slots[slot].ctx) continue;
+    const Context& b = *slots[slot].ctx;
     const auto first = static_cast<std::int64_t>(slot * rows);
     for (OpCount count : b.counts()) {
       Element& e = count.first_element;

@@ -39,10 +39,9 @@ using RowBand = std::function<void(Context& ctx, std::size_t first, std::size_t 
 //     elements written before it of the serial run.
 // So band() must compute each element of a band as it does within the whole GEMM
 // (results and flags per element independent of the other rows).
-// min_rows: the fewest rows a band takes where there are more (a GEMM's band may decode
-// or pack all of B: kGemmBandRows; a caller whose rows are heavy, as amp_conv2d's
-// images, asks for fewer).
-inline constexpr std::size_t kGemmBandRows = 128;
+// min_rows: the fewest rows a band takes where there are more (kGemmBandRows for a
+// GEMM; a caller whose rows are heavy, as amp_conv2d's images, asks for fewer).
+inline constexpr std::size_t kGemmBandRows = 64;
 void gemm_by_rows(Context& ctx, std::size_t m, std::size_t n, std::size_t k, double* C, std::size_t ldc,
                   const RowBand& band, std::size_t min_rows = kGemmBandRows);
 

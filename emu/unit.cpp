@@ -63,14 +63,31 @@ class ReferenceUnit final : public MatrixUnit {
     return c;
   }
 
+  // The bands of rows with B scanned and packed for the fast passes once, not per band.
+  void gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
+            const double* B, std::size_t ldb, double* C, std::size_t ldc) const override {
+    const PassColumns columns = pass_columns(n, k, B, ldb);
+    gemm_by_rows(ctx, m, n, k, C, ldc, [&](Context& band_ctx, std::size_t first, std::size_t rows) {
+      gemm_rows(band_ctx, rows, n, k, A + first * lda, lda, B, ldb, C + first * ldc, ldc, &columns);
+    });
+  }
+
+ protected:
+  void serial_gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
+                   const double* B, std::size_t ldb, double* C, std::size_t ldc) const override {
+    gemm_rows(ctx, m, n, k, A, lda, B, ldb, C, ldc, nullptr);
+  }
+
+ private:
   // The fast passes of emu/sequential.hpp where they apply, else one dot per element.
   // Elements are finished in row-major order with their element set (flat i * n + j,
   // index {i, j}) while they raise flags: those the pass vouches for take its result
   // and raise its flags (none that the control counts or traps), the others go through
   // dot(); so results, flags, counts and a trap (with the elements written before it)
-  // are those of dot() element by element.
-  void serial_gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
-                   const double* B, std::size_t ldb, double* C, std::size_t ldc) const override {
+  // are those of dot() element by element. columns: B prepared for the passes, or
+  // nullptr (the pass prepares it).
+  void gemm_rows(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
+                 const double* B, std::size_t ldb, double* C, std::size_t ldc, const PassColumns* columns) const {
     auto element = [&](std::size_t i, std::size_t j) {
       return ElementGuard(ctx, static_cast<std::int64_t>(i * n + j),
                           {static_cast<std::int64_t>(i), static_cast<std::int64_t>(j)});
@@ -81,7 +98,7 @@ class ReferenceUnit final : public MatrixUnit {
     };
     if (kind_ == UnitKind::exact) {
       ExactPass pass;
-      if (exact_pass(m, n, k, A, lda, B, ldb, C, ldc, pass)) {
+      if (exact_pass(m, n, k, A, lda, B, ldb, C, ldc, pass, columns)) {
         for (std::size_t i = 0; i < m; ++i)
           for (std::size_t j = 0; j < n; ++j) {
             double& c = C[i * ldc + j];
@@ -96,7 +113,7 @@ class ReferenceUnit final : public MatrixUnit {
       }
     } else {
       SequentialPass pass;
-      if (sequential_pass(ctx, out_, fused_, m, n, k, A, lda, B, ldb, C, ldc, pass)) {
+      if (sequential_pass(ctx, out_, fused_, m, n, k, A, lda, B, ldb, C, ldc, pass, columns)) {
         const char* op = fused_ ? "fma" : "add";
         for (std::size_t i = 0; i < m; ++i)
           for (std::size_t j = 0; j < n; ++j) {
@@ -116,7 +133,6 @@ class ReferenceUnit final : public MatrixUnit {
       for (std::size_t j = 0; j < n; ++j) C[i * ldc + j] = by_dot(i, j);
   }
 
- private:
   // The exact unit's result from the exact value x of c + sum a_i b_i: x rounded once
   // into the output format. An exact zero keeps c's zero where c is zero (a zero c
   // plus zero products), and is otherwise +0 (-0 rounding toward -inf), the sign IEEE

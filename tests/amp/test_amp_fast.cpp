@@ -533,7 +533,7 @@ TEST_CASE("AMP gemm: whole-tile proofs equal the lane checks they replace, at 1,
   // (emu/amp.cpp, step 7: detail::select_amp_proof(true), the default, with rows in
   // pairs on AVX-512) and otherwise checks lane by lane (select_amp_proof(false): the
   // reference). Values, status, counts and trap reports must not differ between the two,
-  // nor between 1, 2 and 3 GEMM threads (bands of at least 128 rows: m up to 400), for
+  // nor between 1, 2 and 3 GEMM threads (bands of at least 64 rows: m up to 400), for
   // every configuration, every control (those that leave the vectorised path too), every
   // kind of input. The first test case checks the default against the exact path.
   struct Restore {

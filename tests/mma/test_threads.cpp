@@ -193,7 +193,7 @@ struct Shape {
   std::size_t m, n, k;
 };
 
-// Shapes large enough to be cut into bands (emu/threads.cpp: 128 rows and 2^14
+// Shapes large enough to be cut into bands (emu/threads.cpp: 64 rows and 2^14
 // products a band at least), rarely a multiple of one.
 std::vector<Shape> shapes(Rng& rng) {
   std::vector<Shape> list{{300, 13, 20}, {530, 7, 24}};
@@ -219,6 +219,48 @@ TEST_CASE("every unit's gemm: the same outcome at 1, 2 and 3 threads", "[threads
         });
       }
   }
+}
+
+// The reference units' gemm scans and packs B once for all its bands: B's NaN and
+// infinite columns (the exact pass leaves them to the reference) and a B whose value is
+// not an fp32 value (no pass applies) come out as serially.
+TEST_CASE("the reference units with specials or a non-fp32 value in B: the same outcome at 1, 2 and 3 threads",
+          "[threads]") {
+  Rng rng(StreamId{2027});
+  std::vector<std::unique_ptr<MatrixUnit>> units;
+  for (UnitKind kind : {UnitKind::exact, UnitKind::fp32_seq, UnitKind::fp16_seq}) units.push_back(make_unit(kind));
+  units.push_back(make_sequential_unit(UnitKind::fp32_seq, false));
+  const Shape s{300, 13, 20};
+  Problem specials = random_problem(rng, s.m, s.n, s.k);
+  specials.B[3 * specials.ldb() + 2] = kNaN;
+  specials.B[7 * specials.ldb() + 9] = -kInf;
+  Problem not_float = random_problem(rng, s.m, s.n, s.k);
+  not_float.B[5 * not_float.ldb() + 4] = 1 + 0x1p-30;
+  for (const Problem* p : {&specials, &not_float})
+    for (const auto& unit : units) {
+      INFO(unit_kind_name(unit->kind()) << (p == &specials ? ": specials" : ": not fp32"));
+      auto gemm = [&](Context& ctx, double* C) {
+        unit->gemm(ctx, p->m, p->n, p->k, p->A.data(), p->lda(), p->B.data(), p->ldb(), C, p->ldc());
+      };
+      check_threads(p->C, gemm);
+      // And the values and status of dot() element by element.
+      Outcome by_dot;
+      by_dot.C = p->C;
+      Context ctx;
+      for (std::size_t i = 0; i < p->m; ++i)
+        for (std::size_t j = 0; j < p->n; ++j) {
+          double& c = by_dot.C[i * p->ldc() + j];
+          c = unit->dot(ctx, p->k, p->A.data() + i * p->lda(), 1, p->B.data() + j, p->ldb(), c);
+        }
+      by_dot.status = ctx.status();
+      const Threads setting(2);
+      Outcome threaded;
+      threaded.C = p->C;
+      Context threaded_ctx;
+      gemm(threaded_ctx, threaded.C.data());
+      threaded.status = threaded_ctx.status();
+      CHECK(difference(by_dot, threaded) == "");
+    }
 }
 
 TEST_CASE("a tensor-core input outside fp16: the serial error at any number of threads", "[threads]") {
@@ -258,6 +300,13 @@ TEST_CASE("b200's block-scaled gemm: the same outcome at 1, 2 and 3 threads", "[
     auto gemm = [&](Context& ctx, double* out) { unit->gemm(ctx, rows, cols, out, n); };
     check_threads(C, gemm);
     C[190 * n + 4] = 0.1;  // not an fp32 value: the serial error
+    check_threads(C, gemm);
+    // Operands that are not arrays quantised in the format (a scale missing): a column
+    // (gemm then leaves B to the bands, which decode it after their rows) and a row,
+    // whose error comes first.
+    cols[7].scales.pop_back();
+    check_threads(C, gemm);
+    rows[250].scales.pop_back();
     check_threads(C, gemm);
   }
 }
@@ -493,8 +542,12 @@ TEST_CASE("AMD units' fast gemm: an operand the unit refuses, the reference's er
     for (double& x : p.B) x = std::isfinite(x) ? x : 1.0;
     const double refused = c.a.name() == "tf32" ? 0.1 : 1 + 0x1p-30;  // tf32 takes every fp32 value
     p.A[200 * p.lda() + 5] = refused;
-    p.B[3 * p.ldb() + 11] = refused;  // before A's in element order
     INFO(unit_kind_name(c.unit) << " " << c.a.name() << ":" << c.b.name());
+    {
+      INFO("in A alone: its band of rows leaves the fast pass, the others (B decoded once) keep it");
+      check_cdna_against_reference(c, p);
+    }
+    p.B[3 * p.ldb() + 11] = refused;  // before A's in element order
     check_cdna_against_reference(c, p);
     const Outcome fast = run_at(1, {}, p.C, [&](Context& ctx, double* C) {
       make_cdna_unit(c.unit, c.a, c.b, std::nullopt)->gemm(ctx, p.m, p.n, p.k, p.A.data(), p.lda(), p.B.data(),
