@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -86,7 +87,7 @@ class OutputFile {
   const std::vector<std::uint8_t>& done_replicas() const { return done_replicas_; }
   // Writes the results of some replicas of one point (results[i] is replica
   // work.replicas[i]) and marks them done; the point is done once all its replicas are
-  // (not yet flushed).
+  // (the done flags reach the file at the next flush, after the results).
   // Also removes those runs from /failures.
   void write_point(const PointWork& work, const std::vector<RunResult>& results);
   // Records a run that raised in /failures (replacing an earlier failure of that run); it
@@ -103,8 +104,10 @@ class OutputFile {
   void write_point_unguarded(const PointWork& work, const std::vector<RunResult>& results);
   void guarded(const std::function<void()>& write);
   void abandon();
+  void write_done_flags();
   void write_out_chunks();
   void reserve_space();
+  void flush_reserved(const char* what);
   hsize_t flushed_size_ = 0;  // the file's size at the last flush
   const SweepPlan* plan_;
   Hid file_;
@@ -113,6 +116,7 @@ class OutputFile {
   std::map<std::string, Hid> fp_sets_;  // /fp_counts/* and /traps/*, by path
   Hid done_set_, done_replicas_set_;
   std::vector<std::uint8_t> done_replicas_;
+  std::set<std::uint32_t> unflushed_done_;  // points with runs written since the last flush
   std::map<std::pair<std::uint32_t, std::uint32_t>, FailedRun> failures_;  // by (point, replica)
   bool failures_changed_ = false;
 };
