@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "round.hpp"
-#include "threads.hpp"
 
 namespace emu {
 
@@ -100,31 +99,22 @@ inline float add_lane(float x, float y, std::uint32_t& bad, std::uint32_t& inexa
 // 2^e as a double, -1022 <= e <= 1023.
 inline double power_of_two(int e) { return std::bit_cast<double>(static_cast<std::uint64_t>(e + 1023) << 52); }
 
-// Operands decoded for the fast passes: B once per GEMM (shared by its bands of rows),
-// A per call of serial_gemm. Pairwise: values as floats (flushed where the datapath
-// flushes). Fused: |x| = magnitude * 2^(exponent - fraction bits), exponent the
-// factor's clamped at its format's emin (kZeroExponent for a zero), sign 0 or -1.
-// Per row of A and column of B: a NaN or infinity there; the smallest non-zero
-// magnitude (pairwise: whether a product may leave fp32's normal range below).
+// Operands decoded once per GEMM call. Pairwise: values as floats (flushed where the
+// datapath flushes). Fused: |x| = magnitude * 2^(exponent - fraction bits), exponent
+// the factor's clamped at its format's emin (kZeroExponent for a zero), sign 0 or -1.
 // B is stored by tiles of kLanes columns, each k x kLanes row-major (a tile stays in
 // cache while the rows of A pass), its columns padded with zeros to whole tiles.
-struct DecodedColumns {
+struct Decoded {
   std::size_t k = 0, n = 0, columns = 0;  // columns: n rounded up to kLanes
-  std::vector<float> b;                   // pairwise: by tiles
+  std::vector<float> a, b;                // pairwise: A m x k, B by tiles
   // Where B's (p, j) is: tile j / kLanes, row p, lane j % kLanes.
   std::size_t b_at(std::size_t p, std::size_t j) const { return ((j / kLanes) * k + p) * kLanes + j % kLanes; }
-  std::vector<std::int32_t> b_magnitude, b_exponent, b_sign;  // fused
-  int shift = 0;                                               // fused: 24 - A's fraction bits - B's
-  std::vector<std::uint8_t> column_special;
-  std::vector<double> column_min;
-};
-
-struct Decoded {
-  const DecodedColumns* cols = nullptr;  // B
-  std::vector<float> a;                  // pairwise: A m x k
-  std::vector<std::int32_t> a_magnitude, a_exponent, a_sign;  // fused
-  std::vector<std::uint8_t> row_special;
-  std::vector<double> row_min;
+  std::vector<std::int32_t> a_magnitude, a_exponent, a_sign, b_magnitude, b_exponent, b_sign;  // fused
+  int shift = 0;                          // fused: 24 - A's fraction bits - B's
+  // Per row of A and column of B: a NaN or infinity there; the smallest non-zero
+  // magnitude (pairwise: whether a product may leave fp32's normal range below).
+  std::vector<std::uint8_t> row_special, column_special;
+  std::vector<double> row_min, column_min;
 };
 
 class CdnaUnit final : public MatrixUnit {
@@ -167,16 +157,6 @@ class CdnaUnit final : public MatrixUnit {
     return c;
   }
 
-  // The bands of rows with B decoded once, not per band.
-  void gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
-            const double* B, std::size_t ldb, double* C, std::size_t ldc) const override {
-    DecodedColumns cols;
-    const bool fast = decode_columns(cols, n, k, B, ldb);
-    gemm_by_rows(ctx, m, n, k, C, ldc, [&](Context& band_ctx, std::size_t first, std::size_t rows) {
-      gemm_rows(band_ctx, rows, n, k, A + first * lda, lda, B, ldb, C + first * ldc, ldc, fast ? &cols : nullptr);
-    });
-  }
-
  protected:
   // The fast passes where they apply (Decoded above), else one dot per element. Elements
   // are finished in row-major order with their element set; those the pass vouches for
@@ -186,51 +166,42 @@ class CdnaUnit final : public MatrixUnit {
   // through dot(), which throws where it would.
   void serial_gemm(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
                    const double* B, std::size_t ldb, double* C, std::size_t ldc) const override {
-    DecodedColumns cols;
-    const bool fast = decode_columns(cols, n, k, B, ldb);
-    gemm_rows(ctx, m, n, k, A, lda, B, ldb, C, ldc, fast ? &cols : nullptr);
-  }
-
- private:
-  // serial_gemm with B decoded (cols), or nullptr where the fast passes do not apply.
-  void gemm_rows(Context& ctx, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
-                 const double* B, std::size_t ldb, double* C, std::size_t ldc, const DecodedColumns* cols) const {
     Decoded d;
-    if (cols == nullptr || !decode_rows(d, *cols, m, A, lda)) {
+    if (!fast_gemm.load(std::memory_order_relaxed) || !decode(d, m, n, k, A, lda, B, ldb)) {
       MatrixUnit::serial_gemm(ctx, m, n, k, A, lda, B, ldb, C, ldc);
       return;
     }
     const Flags watched = ctx.control.counted | ctx.control.traps;
     constexpr std::size_t kBlock = 32;  // rows computed per pass over B's tiles
     const std::size_t block = std::min(m, kBlock);
-    std::vector<float> values(block * d.cols->columns);
-    std::vector<std::uint32_t> bads(block * d.cols->columns), inexacts(block * d.cols->columns);
+    std::vector<float> values(block * d.columns);
+    std::vector<std::uint32_t> bads(block * d.columns), inexacts(block * d.columns);
     for (std::size_t i0 = 0; i0 < m; i0 += kBlock) {
       const std::size_t rows = std::min(kBlock, m - i0);
       for (std::size_t r = 0; r < rows; ++r)
-        for (std::size_t j = 0; j < d.cols->columns; ++j) {
+        for (std::size_t j = 0; j < d.columns; ++j) {
           const double c = j < n ? C[(i0 + r) * ldc + j] : 0.0;
           const auto cf = static_cast<float>(c);
-          const std::size_t at = r * d.cols->columns + j;
+          const std::size_t at = r * d.columns + j;
           bads[at] = static_cast<std::uint32_t>(!std::isfinite(c) || static_cast<double>(cf) != c);
           values[at] = bads[at] != 0 ? 0.0f : params_.flush_subnormals ? static_cast<float>(flush_input(cf, out_)) : cf;
           inexacts[at] = 0;
         }
-      for (std::size_t j0 = 0; j0 < d.cols->columns; j0 += kLanes)
+      for (std::size_t j0 = 0; j0 < d.columns; j0 += kLanes)
         for (std::size_t r = 0; r < rows; ++r) {
-          const std::size_t at = r * d.cols->columns + j0;
+          const std::size_t at = r * d.columns + j0;
           if (params_.path == CdnaPath::pairwise)
             pairwise_tile(d, i0 + r, j0, values.data() + at, bads.data() + at, inexacts.data() + at);
           else
             fused_tile(d, i0 + r, j0, values.data() + at, bads.data() + at, inexacts.data() + at);
         }
       for (std::size_t r = 0; r < rows; ++r)
-        finish_row(ctx, d, i0 + r, n, k, A, lda, B, ldb, C + (i0 + r) * ldc, watched,
-                   values.data() + r * d.cols->columns, bads.data() + r * d.cols->columns,
-                   inexacts.data() + r * d.cols->columns);
+        finish_row(ctx, d, i0 + r, n, k, A, lda, B, ldb, C + (i0 + r) * ldc, watched, values.data() + r * d.columns,
+                   bads.data() + r * d.columns, inexacts.data() + r * d.columns);
     }
   }
 
+ private:
   // Row i of C from the fast pass's values, in column order: dot() for the elements the
   // pass does not vouch for.
   void finish_row(Context& ctx, const Decoded& d, std::size_t i, std::size_t n, std::size_t k, const double* A,
@@ -238,8 +209,8 @@ class CdnaUnit final : public MatrixUnit {
                   const std::uint32_t* bad, const std::uint32_t* inexact) const {
     for (std::size_t j = 0; j < n; ++j) {
       const Flags flags = inexact[j] != 0 ? INEXACT : 0;
-      const bool vouched = bad[j] == 0 && d.row_special[i] == 0 && d.cols->column_special[j] == 0 &&
-                           (params_.path != CdnaPath::pairwise || d.row_min[i] * d.cols->column_min[j] >= 0x1p-126) &&
+      const bool vouched = bad[j] == 0 && d.row_special[i] == 0 && d.column_special[j] == 0 &&
+                           (params_.path != CdnaPath::pairwise || d.row_min[i] * d.column_min[j] >= 0x1p-126) &&
                            (flags & watched) == 0;
       if (!vouched) {
         const ElementGuard element(ctx, static_cast<std::int64_t>(i * n + j),
@@ -257,37 +228,10 @@ class CdnaUnit final : public MatrixUnit {
     return !std::isfinite(v) || (params_.truncate_to_tf32 ? fp32() : f).representable(v);
   }
 
-  // One operand, decoded for the fast passes into slot `at` of the values (pairwise) or
-  // of magnitude, exponent and sign (fused), noted in `special` and `smallest`; false
-  // where the fused decoding does not hold exactly.
-  bool put(double v, const Format& f, std::size_t at, float* value, std::int32_t* magnitude, std::int32_t* exponent,
-           std::int32_t* sign, std::uint8_t& special, double& smallest) const {
-    const double x = operand(v, f);
-    if (!std::isfinite(x)) special = 1;
-    else if (x != 0) smallest = std::min(smallest, std::fabs(x));
-    if (params_.path == CdnaPath::pairwise) {
-      value[at] = static_cast<float>(x);
-      return true;
-    }
-    sign[at] = std::signbit(x) ? -1 : 0;
-    if (x == 0 || !std::isfinite(x)) {
-      magnitude[at] = 0;
-      exponent[at] = kZeroExponent;
-      return true;
-    }
-    const int e = aligned_exponent(x, f.emin());
-    const double units = std::ldexp(std::fabs(x), f.fraction_bits() - e);
-    if (units != std::trunc(units) || units >= std::ldexp(1.0, f.fraction_bits() + 1)) return false;
-    magnitude[at] = static_cast<std::int32_t>(units);
-    exponent[at] = e;
-    return true;
-  }
-
-  // B for the fast passes (DecodedColumns); false where they are off
-  // (select_cdna_fast_gemm), where the datapath or its parameters have none, or where
-  // B holds an operand that would be refused.
-  bool decode_columns(DecodedColumns& d, std::size_t n, std::size_t k, const double* B, std::size_t ldb) const {
-    if (!fast_gemm.load(std::memory_order_relaxed)) return false;
+  // The fast passes' operands (Decoded); false where the datapath or its parameters have
+  // no fast pass, or an operand would be refused.
+  bool decode(Decoded& d, std::size_t m, std::size_t n, std::size_t k, const double* A, std::size_t lda,
+              const double* B, std::size_t ldb) const {
     const bool pairwise = params_.path == CdnaPath::pairwise;
     if (pairwise) {
       // Products exact in fp32 (fma(a, b, +0) is a * b + 0 there), values within its range.
@@ -303,51 +247,65 @@ class CdnaUnit final : public MatrixUnit {
     } else {
       return false;
     }
-    for (std::size_t p = 0; p < k; ++p)
-      for (std::size_t j = 0; j < n; ++j)
-        if (!takes(B[p * ldb + j], in_b_)) return false;
-    d.k = k;
-    d.n = n;
-    d.columns = (n + kLanes - 1) / kLanes * kLanes;
-    d.column_special.assign(d.columns, 0);
-    d.column_min.assign(d.columns, INFINITY);
-    if (pairwise) {
-      d.b.assign(k * d.columns, 0.0f);  // zeros, +0 products, in the padding
-    } else {
-      d.b_magnitude.assign(k * d.columns, 0);
-      d.b_exponent.assign(k * d.columns, kZeroExponent);
-      d.b_sign.assign(k * d.columns, 0);
-    }
-    for (std::size_t p = 0; p < k; ++p)
-      for (std::size_t j = 0; j < n; ++j)
-        if (!put(B[p * ldb + j], in_b_, d.b_at(p, j), d.b.data(), d.b_magnitude.data(), d.b_exponent.data(),
-                 d.b_sign.data(), d.column_special[j], d.column_min[j]))
-          return false;
-    return true;
-  }
-
-  // The m rows of A for the fast passes with B's decoded columns; false where A holds an
-  // operand that would be refused.
-  bool decode_rows(Decoded& d, const DecodedColumns& cols, std::size_t m, const double* A, std::size_t lda) const {
-    const std::size_t k = cols.k;
     for (std::size_t i = 0; i < m; ++i)
       for (std::size_t p = 0; p < k; ++p)
         if (!takes(A[i * lda + p], in_)) return false;
-    d.cols = &cols;
+    for (std::size_t p = 0; p < k; ++p)
+      for (std::size_t j = 0; j < n; ++j)
+        if (!takes(B[p * ldb + j], in_b_)) return false;
+
+    d.k = k;
+    d.n = n;
+    d.columns = (n + kLanes - 1) / kLanes * kLanes;
     d.row_special.assign(m, 0);
+    d.column_special.assign(d.columns, 0);
     d.row_min.assign(m, INFINITY);
-    if (params_.path == CdnaPath::pairwise) {
+    d.column_min.assign(d.columns, INFINITY);
+    auto note = [](double x, std::uint8_t& special, double& smallest) {
+      if (!std::isfinite(x)) special = 1;
+      else if (x != 0) smallest = std::min(smallest, std::fabs(x));
+    };
+    if (pairwise) {
       d.a.resize(m * k);
+      d.b.assign(k * d.columns, 0.0f);  // zeros, +0 products, in the padding
     } else {
       d.a_magnitude.resize(m * k);
       d.a_exponent.resize(m * k);
       d.a_sign.resize(m * k);
+      d.b_magnitude.assign(k * d.columns, 0);
+      d.b_exponent.assign(k * d.columns, kZeroExponent);
+      d.b_sign.assign(k * d.columns, 0);
     }
+    // One operand into slot `at`; false where the fused decoding does not hold exactly.
+    auto put = [&](double v, const Format& f, bool is_a, std::size_t at, std::uint8_t& special, double& smallest) {
+      const double x = operand(v, f);
+      note(x, special, smallest);
+      if (pairwise) {
+        (is_a ? d.a : d.b)[at] = static_cast<float>(x);
+        return true;
+      }
+      auto& magnitude = is_a ? d.a_magnitude : d.b_magnitude;
+      auto& exponent = is_a ? d.a_exponent : d.b_exponent;
+      auto& sign = is_a ? d.a_sign : d.b_sign;
+      sign[at] = std::signbit(x) ? -1 : 0;
+      if (x == 0 || !std::isfinite(x)) {
+        magnitude[at] = 0;
+        exponent[at] = kZeroExponent;
+        return true;
+      }
+      const int e = aligned_exponent(x, f.emin());
+      const double units = std::ldexp(std::fabs(x), f.fraction_bits() - e);
+      if (units != std::trunc(units) || units >= std::ldexp(1.0, f.fraction_bits() + 1)) return false;
+      magnitude[at] = static_cast<std::int32_t>(units);
+      exponent[at] = e;
+      return true;
+    };
     for (std::size_t i = 0; i < m; ++i)
       for (std::size_t p = 0; p < k; ++p)
-        if (!put(A[i * lda + p], in_, i * k + p, d.a.data(), d.a_magnitude.data(), d.a_exponent.data(),
-                 d.a_sign.data(), d.row_special[i], d.row_min[i]))
-          return false;
+        if (!put(A[i * lda + p], in_, true, i * k + p, d.row_special[i], d.row_min[i])) return false;
+    for (std::size_t p = 0; p < k; ++p)
+      for (std::size_t j = 0; j < n; ++j)
+        if (!put(B[p * ldb + j], in_b_, false, d.b_at(p, j), d.column_special[j], d.column_min[j])) return false;
     return true;
   }
 
@@ -373,11 +331,11 @@ class CdnaUnit final : public MatrixUnit {
   void pairwise_tile(const Decoded& d, std::size_t i, std::size_t j0, float* acc, std::uint32_t* bad,
                      std::uint32_t* inexact) const {
     const auto group = static_cast<std::size_t>(params_.group_size);
-    const float* a = d.a.data() + i * d.cols->k;
+    const float* a = d.a.data() + i * d.k;
     float sum[kLanes];
-    for (std::size_t first = 0; first < d.cols->k; first += group) {
-      pairwise_lanes(a + first, d.cols->b.data() + d.cols->b_at(first, j0), kLanes,
-                     std::min(group, d.cols->k - first), sum, bad, inexact);
+    for (std::size_t first = 0; first < d.k; first += group) {
+      pairwise_lanes(a + first, d.b.data() + d.b_at(first, j0), kLanes, std::min(group, d.k - first), sum,
+                     bad, inexact);
       for (std::size_t l = 0; l < kLanes; ++l) acc[l] = add_lane(acc[l], sum[l], bad[l], inexact[l]);
     }
   }
@@ -387,23 +345,23 @@ class CdnaUnit final : public MatrixUnit {
   void cut_sum_lanes(const Decoded& d, std::size_t i, std::size_t j0, std::size_t first, std::size_t count,
                      std::size_t start, std::size_t step, std::int32_t* sum, std::int32_t* e,
                      std::uint32_t* lost) const {
-    const std::size_t at_a = i * d.cols->k + first, at_b = d.cols->b_at(first, j0);
+    const std::size_t at_a = i * d.k + first, at_b = d.b_at(first, j0);
     for (std::size_t l = 0; l < kLanes; ++l) {
       e[l] = 2 * kZeroExponent;
       sum[l] = 0;
     }
     for (std::size_t t = start; t < count; t += step) {
       const std::int32_t ea = d.a_exponent[at_a + t];
-      const std::int32_t* eb = d.cols->b_exponent.data() + at_b + t * kLanes;
+      const std::int32_t* eb = d.b_exponent.data() + at_b + t * kLanes;
       for (std::size_t l = 0; l < kLanes; ++l) e[l] = std::max(e[l], ea + eb[l]);
     }
     for (std::size_t t = start; t < count; t += step) {
       const std::int32_t ea = d.a_exponent[at_a + t], ma = d.a_magnitude[at_a + t], sa = d.a_sign[at_a + t];
       const std::size_t row = at_b + t * kLanes;
-      const std::int32_t *eb = d.cols->b_exponent.data() + row, *mb = d.cols->b_magnitude.data() + row,
-                         *sb = d.cols->b_sign.data() + row;
+      const std::int32_t *eb = d.b_exponent.data() + row, *mb = d.b_magnitude.data() + row,
+                         *sb = d.b_sign.data() + row;
       for (std::size_t l = 0; l < kLanes; ++l) {
-        const std::int32_t product = (ma * mb[l]) << d.cols->shift;  // below 2^26
+        const std::int32_t product = (ma * mb[l]) << d.shift;  // below 2^26
         const std::int32_t below = std::min(e[l] - (ea + eb[l]), 31);
         const std::int32_t cut = product >> below;  // toward zero: a magnitude
         lost[l] |= static_cast<std::uint32_t>((cut << below) != product);
@@ -421,8 +379,8 @@ class CdnaUnit final : public MatrixUnit {
     const auto group = static_cast<std::size_t>(params_.group_size);
     std::int32_t sum[kLanes], e[kLanes], odd_sum[kLanes], odd_e[kLanes];
     std::uint32_t lost[kLanes];
-    for (std::size_t first = 0; first < d.cols->k; first += group) {
-      const std::size_t count = std::min(group, d.cols->k - first);
+    for (std::size_t first = 0; first < d.k; first += group) {
+      const std::size_t count = std::min(group, d.k - first);
       for (std::size_t l = 0; l < kLanes; ++l) lost[l] = 0;
       if (!params_.split_halves) {
         cut_sum_lanes(d, i, j0, first, count, 0, 1, sum, e, lost);

@@ -542,12 +542,8 @@ TEST_CASE("AMD units' fast gemm: an operand the unit refuses, the reference's er
     for (double& x : p.B) x = std::isfinite(x) ? x : 1.0;
     const double refused = c.a.name() == "tf32" ? 0.1 : 1 + 0x1p-30;  // tf32 takes every fp32 value
     p.A[200 * p.lda() + 5] = refused;
-    INFO(unit_kind_name(c.unit) << " " << c.a.name() << ":" << c.b.name());
-    {
-      INFO("in A alone: its band of rows leaves the fast pass, the others (B decoded once) keep it");
-      check_cdna_against_reference(c, p);
-    }
     p.B[3 * p.ldb() + 11] = refused;  // before A's in element order
+    INFO(unit_kind_name(c.unit) << " " << c.a.name() << ":" << c.b.name());
     check_cdna_against_reference(c, p);
     const Outcome fast = run_at(1, {}, p.C, [&](Context& ctx, double* C) {
       make_cdna_unit(c.unit, c.a, c.b, std::nullopt)->gemm(ctx, p.m, p.n, p.k, p.A.data(), p.lda(), p.B.data(),
