@@ -17,12 +17,12 @@ namespace {
 
 std::atomic<int> gemm_threads_setting{0};
 
-// Bands: every thread takes the next band of rows until none is left. The units' gemm
-// decode or pack B once for all their bands, so a band costs little work of its own
-// beside its rows'; several bands per thread then bound the time one thread waits for
-// another (a thread that lost its core for a while, a slower band) to one band. A
-// caller that no other thread has come to help (every thread busy, as in a sweep) takes
-// all the rows left at once.
+// Bands: every thread takes the next band of rows until none is left. Most units' gemm
+// decode or pack B once for all their bands (the AMD units still decode it per band), so
+// a band costs little work of its own beside its rows'; several bands per thread then
+// bound the time one thread waits for another (a thread that lost its core for a while,
+// a slower band) to one band. A caller that no other thread has come to help (every
+// thread busy, as in a sweep) takes all the rows left at once.
 constexpr std::size_t kBandsPerThread = 4;
 // A band of fewer products costs more to hand to another thread (tens of
 // microseconds) than it saves.
