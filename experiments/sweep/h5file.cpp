@@ -133,7 +133,11 @@ std::string problem_reading(const std::function<void()>& reader, int cpu_seconds
   if (child == 0) {
     close(pipe_fds[0]);
     const rlim_t limit = static_cast<rlim_t>(cpu_seconds);
-    const rlimit cpu{limit, RLIM_INFINITY};  // SIGXCPU ends it; the reader may raise the soft limit
+    // SIGXCPU ends it; the hard limit stays as inherited, so that the reader may raise
+    // the soft one (read_every_dataset)
+    rlimit cpu{};
+    getrlimit(RLIMIT_CPU, &cpu);
+    cpu.rlim_cur = std::min(limit, cpu.rlim_max);
     setrlimit(RLIMIT_CPU, &cpu);
     std::string problem;
     try {
@@ -660,7 +664,7 @@ void read_every_dataset(hid_t file) {
   double total_bytes = 0;
   H5Ovisit(file, H5_INDEX_NAME, H5_ITER_NATIVE, add_bytes, &total_bytes);
   if (rlimit cpu{}; getrlimit(RLIMIT_CPU, &cpu) == 0 && cpu.rlim_cur != RLIM_INFINITY) {
-    cpu.rlim_cur += static_cast<rlim_t>(std::min(total_bytes / double(64 << 20), 1e7));
+    cpu.rlim_cur = std::min(cpu.rlim_max, cpu.rlim_cur + static_cast<rlim_t>(std::min(total_bytes / double(64 << 20), 1e7)));
     setrlimit(RLIMIT_CPU, &cpu);
   }
 
