@@ -52,6 +52,14 @@ def bad_input(p, path):
     assert p.stderr.count("\n") == 1 and path in p.stderr, p.stderr
 
 
+def assert_complete_as_reference(path, sweep_dir):
+    """The file at `path`, resumed to the end, holds the uninterrupted sweep's numbers."""
+    with h5py.File(path, "r") as f, h5py.File(sweep_dir / "out.h5", "r") as reference:
+        assert f.attrs["status"] == "complete"
+        for name in ("metrics/abs_error", "traces/sum", "done"):
+            np.testing.assert_array_equal(f[name][...], reference[name][...])
+
+
 @pytest.fixture(scope="module")
 def sweep_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("sweep")
@@ -236,10 +244,8 @@ def test_full_disk_keeps_the_flushed_points(sweep_dir, tmp_path):
             assert run("mount", "-o", "remount,size=8m", str(disk)).returncode == 0
             p = run(SWEEP, str(sweep_dir / "c.yaml"), "-o", out, "--quiet", "--resume")
             assert p.returncode == 0, (size, p.stderr)
-            with h5py.File(out, "r") as f, h5py.File(sweep_dir / "out.h5", "r") as reference:
-                assert f.attrs["status"] == "complete"
-                for name in ("metrics/abs_error", "traces/sum"):
-                    np.testing.assert_array_equal(f[name][...], reference[name][...])
+            assert_complete_as_reference(out, sweep_dir)
+            with h5py.File(out, "r") as f:
                 np.testing.assert_array_equal(f["metrics/abs_error"][...][saved], saved_metrics)
                 np.testing.assert_array_equal(f["traces/sum"][...][saved][:, :, :saved_traces.shape[2]], saved_traces)
         assert partial >= 3, "too few sizes stopped the sweep half-way to test --resume"
@@ -275,10 +281,7 @@ def test_io_error_is_a_clear_error(sweep_dir, tmp_path):
             outcomes.append((budget, "refused as damaged"))
             continue
         assert p.returncode == 0, (budget, p.stderr)
-        with h5py.File(out, "r") as f, h5py.File(sweep_dir / "out.h5", "r") as reference:
-            assert f.attrs["status"] == "complete"
-            for name in ("metrics/abs_error", "traces/sum", "done"):
-                np.testing.assert_array_equal(f[name][...], reference[name][...])
+        assert_complete_as_reference(out, sweep_dir)
         outcomes.append((budget, "resumed"))
     print("EIO after N bytes, then --resume:", outcomes)
     assert any(outcome == "resumed" for _, outcome in outcomes)
